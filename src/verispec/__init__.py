@@ -1,0 +1,14 @@
+"""verispec — speculative decoding with exact verification.
+
+p is the target, q is the draft, everywhere. See :mod:`verispec.verify` for the verifiers,
+:mod:`verispec.engine` for Algorithm 3, :mod:`verispec.models` for the model layer and
+:mod:`verispec.drafters` for the drafters.
+"""
+
+from verispec.api import GenerationResult, generate
+from verispec.engine.stats import Stats
+from verispec.methods import METHODS
+from verispec.sampling import Sampling
+
+__all__ = ["GenerationResult", "METHODS", "Sampling", "Stats", "generate"]
+__version__ = "0.1.0"

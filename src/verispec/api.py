@@ -1,0 +1,127 @@
+"""The Python entry point: :func:`generate`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verispec.drafters.base import Drafter
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.ngram import NgramDrafter
+from verispec.engine.loop import speculative_generate
+from verispec.engine.stats import Stats
+from verispec.methods import METHODS, build_method
+from verispec.models.base import CausalLM
+from verispec.models.loading import check_compatible, load_model, resolve_dtype
+from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.sampling import Sampling
+
+__all__ = ["GenerationResult", "generate", "encode_prompt", "make_drafter"]
+
+
+@dataclass
+class GenerationResult:
+    """Tokens and text of one generation, with its statistics."""
+
+    tokens: list[int]
+    text: str
+    stats: Stats
+
+
+def encode_prompt(model: CausalLM, prompt: str | list[int]) -> list[int]:
+    """Token ids of ``prompt`` (strings go through the target's tokenizer)."""
+    if isinstance(prompt, list):
+        ids = [int(t) for t in prompt]
+    else:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        ids = list(model.tokenizer.encode(prompt))  # type: ignore[attr-defined]
+    if not ids:
+        raise ValueError("the prompt is empty: it encodes to no tokens")
+    return ids
+
+
+def decode(model: CausalLM, ids: list[int]) -> str:
+    tok = getattr(model, "tokenizer", None)
+    return tok.decode(ids) if tok is not None else " ".join(map(str, ids))
+
+
+def make_drafter(kind: str, draft: CausalLM | None, target: CausalLM, sampling: Sampling,
+                 method: str, **kw: Any) -> Drafter | None:
+    """Build the drafter the method needs (None for ``ar``)."""
+    info = METHODS[method]
+    if not info.uses_draft:
+        return None
+    if info.name in ("mjsd",):
+        from verispec.drafters.beam import BeamDrafter
+
+        assert draft is not None
+        return BeamDrafter(draft, sampling, num_beams=kw.get("num_beams") or 8)
+    if kind == "ngram":
+        return NgramDrafter(target.vocab_size)
+    if kind != "model":
+        raise ValueError(f"drafter must be 'model' or 'ngram', got {kind!r}")
+    if draft is None:
+        raise ValueError("the model drafter needs a draft model")
+    check_compatible(target, draft)
+    return ModelDrafter(draft, sampling)
+
+
+def generate(
+    target: str | CausalLM = DEFAULT_TARGET,
+    draft: str | CausalLM | None = DEFAULT_DRAFT,
+    prompt: str | list[int] = "",
+    *,
+    verifier: str = "block",
+    gamma: int | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    drafter: str = "model",
+    dtype: str = "auto",
+    on_tokens: Callable[[list[int]], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    **method_options: Any,
+) -> GenerationResult:
+    """Generate text with speculative decoding (or ``verifier="ar"`` for the baseline).
+
+    Args:
+        target, draft: model names/paths/hub ids/toy specs, or loaded :class:`CausalLM`.
+        verifier: a name from :data:`verispec.methods.METHODS`.
+        gamma: draft length γ (default: the method's default).
+        method_options: options of the chosen method (e.g. ``epsilon``, ``num_drafts``).
+    """
+    if verifier not in METHODS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(METHODS)}")
+    info = METHODS[verifier]
+    gamma = info.default_gamma if gamma is None else gamma
+    if info.uses_draft and gamma < 1:
+        raise ValueError(f"gamma must be >= 1 for {verifier}, got {gamma}")
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    method = build_method(verifier, **method_options)
+    device = None
+    if isinstance(target, str):
+        target = load_model(target, dtype=dtype, progress=progress)
+    needs_model = info.uses_draft and (drafter == "model" or verifier == "mjsd")
+    if needs_model and draft is None:
+        raise ValueError(f"{verifier} with the model drafter needs a draft model")
+    draft_model = None
+    if needs_model and draft is not None:
+        draft_model = load_model(draft, dtype=dtype, progress=progress) if isinstance(draft, str) else draft
+    device = target.device
+    drafter_obj = make_drafter(drafter, draft_model, target, sampling, verifier, **method_options)
+    ids = encode_prompt(target, prompt)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = speculative_generate(
+        target, drafter_obj, ids, method=method, gamma=gamma if info.uses_draft else 0,
+        sampling=sampling, max_new_tokens=max_new_tokens, generator=generator, on_tokens=on_tokens,
+    )
+    out.stats.notes.append(f"sampling: {sampling.describe()}")
+    if isinstance(dtype, str) and not str(getattr(target, "name", "")).startswith("toy"):
+        out.stats.notes.append(f"dtype: {resolve_dtype(dtype, device)[1]}")
+    return GenerationResult(tokens=out.tokens, text=decode(target, out.tokens), stats=out.stats)

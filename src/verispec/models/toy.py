@@ -1,0 +1,157 @@
+"""Exact toy models with known probability tables — test doubles shipped with the library.
+
+They compute everything in float64, so exact-enumeration tests can compare whole-sequence
+distributions to 1e-12. Each model's "logits" are log-probabilities, so warping with
+temperature 1 returns the table itself.
+
+* :class:`ContextIndependentLM` — the same distribution everywhere (the paper's A/B example:
+  ``ContextIndependentLM([1/3, 2/3])`` is Mb, ``ContextIndependentLM([2/3, 1/3])`` is Ms).
+* :class:`MarkovLM` — the distribution depends on the last token only.
+* :class:`RandomContextLM` — a different random distribution for every whole context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from verispec.models.base import CausalLM
+
+__all__ = ["TableLM", "ContextIndependentLM", "MarkovLM", "RandomContextLM", "ToyTokenizer"]
+
+
+class TableLM(CausalLM):
+    """A model defined by ``next_probs(context) -> [V]``; the cache is the token list."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        eos_token_id: int | None = None,
+        max_length: int | None = None,
+        name: str = "toy",
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset() if eos_token_id is None else frozenset({eos_token_id})
+        self.max_length = max_length
+        self.device = torch.device("cpu")
+        self.name = name
+        self.tokenizer = ToyTokenizer(vocab_size)
+        self._rows: list[list[int]] = [[]]
+
+    def next_probs(self, context: Sequence[int]) -> Tensor:
+        """[V] float64 distribution of the token after ``context``."""
+        raise NotImplementedError
+
+    @property
+    def length(self) -> int:
+        return len(self._rows[0])
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    def _extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        out = []
+        for row, new in zip(self._rows, tokens.tolist(), strict=True):
+            if any(not (0 <= t < self.vocab_size) for t in new):
+                raise ValueError(f"{self.name}: token id outside [0, {self.vocab_size})")
+            row.extend(new)
+            n = len(row)
+            out.append(torch.stack([self.next_probs(tuple(row[:end])) for end in range(n - num_logits + 1, n + 1)]))
+        return torch.stack(out).log()  # [R, num_logits, V] float64, -inf where p = 0
+
+    def rollback(self, length: int) -> None:
+        if not (0 <= length <= self.length):
+            raise ValueError(f"cannot roll back to {length}; cache holds {self.length}")
+        for row in self._rows:
+            del row[length:]
+
+    def fork(self, num_branches: int) -> None:
+        if self.rows != 1:
+            raise RuntimeError("fork() on an already forked model")
+        self._rows = [list(self._rows[0]) for _ in range(num_branches)]
+
+    def join(self, branch: int, length: int) -> None:
+        self._rows = [self._rows[branch][:length]]
+
+    def reset(self) -> None:
+        self._rows = [[]]
+
+
+class ContextIndependentLM(TableLM):
+    """Every position has the same distribution ``probs`` [V]."""
+
+    def __init__(self, probs: Sequence[float] | Tensor, **kw: object) -> None:
+        table = torch.as_tensor(probs, dtype=torch.float64)
+        super().__init__(int(table.shape[0]), name="context-independent", **kw)  # type: ignore[arg-type]
+        self.table = table / table.sum()
+
+    def next_probs(self, context: Sequence[int]) -> Tensor:
+        return self.table
+
+
+class MarkovLM(TableLM):
+    """First-order Markov chain: ``initial`` [V] after an empty context, else ``transition[last]``."""
+
+    def __init__(self, initial: Tensor, transition: Tensor, **kw: object) -> None:
+        super().__init__(int(initial.shape[0]), name="markov", **kw)  # type: ignore[arg-type]
+        self.initial = initial.to(torch.float64) / initial.sum()
+        self.transition = transition.to(torch.float64)
+        self.transition = self.transition / self.transition.sum(dim=1, keepdim=True)
+
+    @classmethod
+    def random(cls, vocab_size: int, seed: int, **kw: object) -> MarkovLM:
+        g = torch.Generator().manual_seed(seed)
+        init = torch.rand(vocab_size, generator=g, dtype=torch.float64) + 0.05
+        trans = torch.rand((vocab_size, vocab_size), generator=g, dtype=torch.float64) + 0.05
+        return cls(init, trans, **kw)
+
+    def next_probs(self, context: Sequence[int]) -> Tensor:
+        return self.initial if not context else self.transition[context[-1]]
+
+
+class RandomContextLM(TableLM):
+    """A fresh random distribution for every distinct context (any-context dependence).
+
+    The distribution after ``context`` is a deterministic function of ``(seed, context)``:
+    Dirichlet(1) weights raised to ``sharpness`` and renormalised.
+    """
+
+    def __init__(self, vocab_size: int, seed: int, sharpness: float = 1.0, **kw: object) -> None:
+        super().__init__(vocab_size, name="random-context", **kw)  # type: ignore[arg-type]
+        self.seed = seed
+        self.sharpness = sharpness
+        self._memo: dict[tuple[int, ...], Tensor] = {}
+
+    def next_probs(self, context: Sequence[int]) -> Tensor:
+        key = tuple(context)
+        if key not in self._memo:
+            digest = hashlib.sha256(repr((self.seed, key)).encode()).digest()
+            g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+            u = torch.rand(self.vocab_size, generator=g, dtype=torch.float64)
+            w = (-torch.log1p(-u)) ** self.sharpness
+            self._memo[key] = w / w.sum()
+        return self._memo[key]
+
+
+class ToyTokenizer:
+    """Maps token i to the letter ``chr(ord('A') + i)`` (and back), for demos and CLI tests."""
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size > 26:
+            raise ValueError("ToyTokenizer supports at most 26 tokens")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        ids = [ord(c) - ord("A") for c in text]
+        if any(not (0 <= i < self.vocab_size) for i in ids):
+            raise ValueError(f"text {text!r} has characters outside A..{chr(64 + self.vocab_size)}")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(ord("A") + int(i)) for i in ids)

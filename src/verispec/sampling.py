@@ -1,0 +1,118 @@
+"""Turning logits into the exact distributions that are sampled from.
+
+The same :class:`Sampling` warp (temperature, then top-k, then top-p) is applied to the
+target's logits (giving p) and to the draft's logits (giving q). Whatever a verifier
+receives as ``q`` is therefore the distribution the draft token really was drawn from,
+and whatever it receives as ``p`` is the distribution a lossless method must reproduce.
+
+Temperature 0 means greedy decoding: the warp returns a one-hot distribution on the
+first maximal logit, so speculative verification reduces to exact matching.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Sampling", "NonFiniteLogitsError", "sample_from", "check_finite"]
+
+
+class NonFiniteLogitsError(ValueError):
+    """A model produced NaN or +inf logits; nothing sensible can be sampled from them."""
+
+
+def check_finite(logits: Tensor, who: str) -> None:
+    """Raise :class:`NonFiniteLogitsError` if ``logits`` hold NaN or +inf.
+
+    ``-inf`` is allowed: it is how a model (or a toy table) marks an impossible token.
+    """
+    bad = torch.isnan(logits) | (logits == math.inf)
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        raise NonFiniteLogitsError(
+            f"{who} produced non-finite logits (NaN or +inf) at index {where}; "
+            "check the model weights and the dtype (float16 overflow is a common cause)"
+        )
+    if bool((logits == -math.inf).all(dim=-1).any()):
+        raise NonFiniteLogitsError(f"{who} produced a row of logits that is -inf everywhere")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Temperature / top-k / top-p warping, applied identically to p (target) and q (draft).
+
+    Attributes:
+        temperature: 0 for greedy (one-hot argmax), otherwise > 0.
+        top_k: keep the k most likely tokens (None: all).
+        top_p: keep the smallest set of most likely tokens whose mass reaches top_p
+            (None or 1.0: all). Must lie in (0, 1].
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: Tensor, who: str = "model") -> Tensor:
+        """Warped probabilities.
+
+        Args:
+            logits: [..., V] raw logits (float32, bfloat16 or float64).
+        Returns:
+            [..., V] probabilities; float64 if the logits are float64, else float32.
+        """
+        check_finite(logits, who)
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        x = logits.to(dtype)
+        if self.greedy:
+            # One-hot on the first maximal logit: deterministic, identical for p and q.
+            return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+        x = x / self.temperature
+        vocab = x.shape[-1]
+        if self.top_k is not None and self.top_k < vocab:
+            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]  # [..., 1]
+            x = x.masked_fill(x < kth, -math.inf)
+        probs = torch.softmax(x, dim=-1)
+        if self.top_p is not None and self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+            mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # [..., V]
+            drop_sorted = mass_before >= self.top_p  # the first token is always kept
+            drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs
+
+    def describe(self) -> str:
+        if self.greedy:
+            return "greedy (T=0)"
+        parts = [f"T={self.temperature:g}"]
+        if self.top_k is not None:
+            parts.append(f"top-k={self.top_k}")
+        if self.top_p is not None:
+            parts.append(f"top-p={self.top_p:g}")
+        return ", ".join(parts)
+
+
+def sample_from(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One token per row.
+
+    Args:
+        probs: [B, V] distributions (need not be exactly normalised).
+    Returns:
+        [B] int64 token ids.
+    """
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,47 @@
+"""Verifiers: pure, batched functions over tensors (no model inside).
+
+Every verifier in :data:`VERIFIERS` has the signature of :class:`Verifier`::
+
+    verify(target_probs [B, γ+1, V], draft_probs [B, γ, V], draft_tokens [B, γ] int64,
+           generator) -> VerifyResult(num_accepted [B], next_token [B])
+
+See :mod:`verispec.verify._core` for the vocabulary (accepted, recovered, bonus).
+"""
+
+from __future__ import annotations
+
+from verispec.verify._core import (
+    Verifier,
+    VerifyPlan,
+    VerifyResult,
+    draw,
+    plan_law,
+)
+from verispec.verify.block import block_plan, block_verify
+from verispec.verify.token import token_plan, token_verify
+
+__all__ = [
+    "VERIFIERS",
+    "PLANS",
+    "Verifier",
+    "VerifyPlan",
+    "VerifyResult",
+    "block_plan",
+    "block_verify",
+    "draw",
+    "plan_law",
+    "token_plan",
+    "token_verify",
+]
+
+#: Name -> verifier function with the common signature.
+VERIFIERS: dict[str, Verifier] = {
+    "token": token_verify,
+    "block": block_verify,
+}
+
+#: Name -> plan function (deterministic part), for verifiers that have one.
+PLANS = {
+    "token": token_plan,
+    "block": block_plan,
+}
