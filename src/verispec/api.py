@@ -122,6 +122,6 @@ def generate(
         sampling=sampling, max_new_tokens=max_new_tokens, generator=generator, on_tokens=on_tokens,
     )
     out.stats.notes.append(f"sampling: {sampling.describe()}")
-    if isinstance(dtype, str) and not str(getattr(target, "name", "")).startswith("toy"):
+    if hasattr(target, "model"):  # a real (Hugging Face) model: say which precision ran
         out.stats.notes.append(f"dtype: {resolve_dtype(dtype, device)[1]}")
     return GenerationResult(tokens=out.tokens, text=decode(target, out.tokens), stats=out.stats)

@@ -145,7 +145,8 @@ def draw(plan: VerifyPlan, generator: torch.Generator) -> VerifyResult:
         tau = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
     else:
         idx = torch.arange(0, gamma + 1, device=h.device).expand(b, gamma + 1)
-        hit = torch.cat([torch.ones_like(accepted[:, :1]), accepted], dim=1)  # τ = 0 always "hit"
+        first = torch.ones((b, 1), dtype=torch.bool, device=h.device)  # τ = 0 needs no acceptance
+        hit = torch.cat([first, accepted], dim=1)  # [B, γ+1]
         tau = torch.where(hit, idx, torch.zeros_like(idx)).amax(dim=1)  # [B]
     residual = plan.residuals[torch.arange(b, device=h.device), tau]  # [B, V]
     return VerifyResult(num_accepted=tau, next_token=sample_from(residual, generator))
