@@ -63,7 +63,7 @@ class HFCausalLM(CausalLM):
         if length == 0:
             self.reset()
         elif length < self.length:
-            self.cache.crop(length)
+            self.cache.crop(length - self.length)  # transformers 5: a negative count removes tokens
 
     def fork(self, num_branches: int) -> None:
         if self._rows != 1:
