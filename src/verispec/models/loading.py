@@ -81,10 +81,12 @@ def load_model(
     if spec.startswith("toy:"):
         return _toy(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from verispec.models.fetch import resolve
     from verispec.models.hf import HFCausalLM
 
+    hf_logging.disable_progress_bar()
     device = device or default_device()
     torch_dtype, _ = resolve_dtype(dtype, device)
     path = resolve(spec, progress=progress)
