@@ -150,6 +150,7 @@ def speculative_generate(
         stats.record_iteration(g, tau)
         stats.target_calls += 1
         stats.target_tokens_scored += int(block.numel())
+        stats.extra_tokens_scored += int(block.numel()) - int(block.shape[1])
         stats.tokens_emitted += len(new)
         stats.draft_time_s += t1 - t0
         stats.target_time_s += t2 - t1

@@ -16,6 +16,8 @@ Conventions:
 * ``tau_histogram[t]`` = number of iterations with τ = t.
 * ``target_tokens_scored`` counts every token position the target processed while decoding
   (M·(γ+1) per multi-draft iteration), the fair price of multi-draft methods.
+* ``extra_tokens_scored`` is the part of ``target_tokens_scored`` spent on drafts beyond the
+  first ((M−1)·(γ+1) per multi-draft iteration; 0 for single-draft methods).
 * Times are wall-clock seconds measured on the host; on CUDA each phase is synchronised.
 * ``bias_tv_sum`` is the exact sum, over verified positions, of TV(step output law, p);
   0 for lossless methods.
@@ -44,6 +46,7 @@ class Stats:
     accepted_total: int = 0
     drafted_total: int = 0
     target_tokens_scored: int = 0
+    extra_tokens_scored: int = 0
     tau_histogram: list[int] = field(default_factory=list)
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
@@ -111,6 +114,8 @@ class Stats:
             f"({self.tokens_per_second:.2f} tok/s); stop: {self.stop_reason}",
             f"iterations {self.iterations}, target calls {self.target_calls} "
             f"(+{self.prefill_calls} prefill), draft calls {self.draft_calls}",
+            f"target tokens scored {self.target_tokens_scored} "
+            f"({self.extra_tokens_scored} for extra drafts)",
             f"block efficiency {self.block_efficiency:.3f}, mean accepted {self.mean_accepted:.3f}",
             "acceptance by position " + " ".join(f"{a:.2f}" for a in self.acceptance_by_position),
             f"τ histogram {self.tau_histogram}",
