@@ -63,6 +63,10 @@ def make_drafter(kind: str, draft: CausalLM | None, target: CausalLM, sampling: 
         check_compatible(target, draft)
         return BeamDrafter(draft, sampling, num_beams=getattr(method, "num_beams", 8))
     if kind == "ngram":
+        if method.needs_next_probs or method.num_drafts > 1:
+            raise ValueError(f"{method.name} cannot use the n-gram drafter: it needs q as a fixed "
+                             "function of the context (or several i.i.d. drafts); use the model "
+                             "drafter")
         return NgramDrafter(target.vocab_size)
     if kind != "model":
         raise ValueError(f"drafter must be 'model' or 'ngram', got {kind!r}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from verispec.engine.methods import Method
 
-__all__ = ["MethodInfo", "METHODS", "register", "build_method"]
+__all__ = ["MethodInfo", "METHODS", "MethodOptionError", "register", "build_method"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ class MethodInfo:
 METHODS: dict[str, MethodInfo] = {}
 
 
+class MethodOptionError(ValueError, TypeError):
+    """An option was given to a method that does not take it."""
+
+
 def register(info: MethodInfo) -> MethodInfo:
     METHODS[info.name] = info
     return info
@@ -53,7 +57,11 @@ def build_method(name: str, **options: Any) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     given = {k: v for k, v in options.items() if v is not None}
-    return METHODS[name].build(**given)
+    try:
+        return METHODS[name].build(**given)
+    except TypeError as exc:  # an option that the method does not take
+        raise MethodOptionError(f"method {name!r} does not take the option(s) "
+                         f"{', '.join(sorted(given)) or '(none)'}: {exc}") from exc
 
 
 

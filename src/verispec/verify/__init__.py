@@ -18,6 +18,10 @@ from verispec.verify._core import (
     plan_law,
 )
 from verispec.verify.block import block_plan, block_verify
+from verispec.verify.greedy_block import greedy_block_plan, greedy_block_verify
+from verispec.verify.lossy import lossy_plan, lossy_verify
+from verispec.verify.mjsd import mjsd_verify
+from verispec.verify.multidraft import multidraft_law, multidraft_plan, multidraft_verify
 from verispec.verify.token import token_plan, token_verify
 
 __all__ = [
@@ -29,19 +33,34 @@ __all__ = [
     "block_plan",
     "block_verify",
     "draw",
+    "greedy_block_plan",
+    "greedy_block_verify",
+    "lossy_plan",
+    "lossy_verify",
+    "mjsd_verify",
+    "multidraft_law",
+    "multidraft_plan",
+    "multidraft_verify",
     "plan_law",
     "token_plan",
     "token_verify",
 ]
 
-#: Name -> verifier function with the common signature.
+#: Name -> verifier function with the common single-draft signature. Greedy block
+#: verification on its own is the BIASED variant: it is lossless only together with the
+#: distribution modification of :class:`verispec.methods.greedy_block.GreedyBlockMethod`.
+#: Verifiers with extra parameters or inputs (``lossy_verify(..., epsilon, residual)``,
+#: ``multidraft_verify`` over [B, M, ...], ``mjsd_verify`` over joint draft probabilities)
+#: are exported by name instead.
 VERIFIERS: dict[str, Verifier] = {
     "token": token_verify,
     "block": block_verify,
+    "greedy-block-unmodified": greedy_block_verify,
 }
 
 #: Name -> plan function (deterministic part), for verifiers that have one.
 PLANS = {
     "token": token_plan,
     "block": block_plan,
+    "greedy-block-unmodified": greedy_block_plan,
 }
