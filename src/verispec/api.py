@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from verispec.bench.energy import EnergyMeter
 from verispec.drafters.base import Drafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
@@ -121,16 +122,18 @@ def generate(
     device = target.device
     ids = encode_prompt(target, prompt)
     generator = torch.Generator(device=device).manual_seed(seed)
-    if info.runner is not None:
-        out = info.runner(target, ids, sampling=sampling, max_new_tokens=max_new_tokens,
-                          generator=generator, on_tokens=on_tokens, gamma=gamma, method=method)
-    else:
-        drafter_obj = make_drafter(drafter, draft_model, target, sampling, method)
-        out = speculative_generate(
-            target, drafter_obj, ids, method=method, gamma=gamma if info.uses_draft else 0,
-            sampling=sampling, max_new_tokens=max_new_tokens, generator=generator,
-            on_tokens=on_tokens,
-        )
+    drafter_obj = None if info.runner else make_drafter(drafter, draft_model, target, sampling, method)
+    with EnergyMeter(device) as meter:
+        if info.runner is not None:
+            out = info.runner(target, ids, sampling=sampling, max_new_tokens=max_new_tokens,
+                              generator=generator, on_tokens=on_tokens, gamma=gamma, method=method)
+        else:
+            out = speculative_generate(
+                target, drafter_obj, ids, method=method, gamma=gamma if info.uses_draft else 0,
+                sampling=sampling, max_new_tokens=max_new_tokens, generator=generator,
+                on_tokens=on_tokens,
+            )
+    out.stats.energy_joules, out.stats.energy_source = meter.joules, meter.source
     out.stats.notes.append(f"sampling: {sampling.describe()}")
     if hasattr(target, "model"):  # a real (Hugging Face) model: say which precision ran
         out.stats.notes.append(f"dtype: {resolve_dtype(dtype, device)[1]}")

@@ -55,7 +55,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--threshold", type=float, default=None,
                    help="mjsd: joint-likelihood acceptance threshold τ in [0, 1]")
     m.add_argument("--no-paper-warp", dest="paper_warp", action="store_const", const=False,
-                   default=None, help="mjsd: do not apply the paper's top-20 / top-p 0.9 warp")
+                   default=None, help="mjsd/mjgd: do not apply the paper's top-20 / top-p 0.9 warp")
 
 
 def build_parser() -> argparse.ArgumentParser:

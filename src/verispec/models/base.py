@@ -75,6 +75,15 @@ class CausalLM(ABC):
     def reset(self) -> None:
         """Empty the cache."""
 
+    def reorder_rows(self, indices: Tensor) -> None:
+        """Keep/replicate cache rows in this order (beam search).
+
+        Args:
+            indices: [R'] int64; new row r is a copy of old row ``indices[r]`` (rows may be
+                repeated or dropped, so R' may differ from the current number of rows).
+        """
+        raise NotImplementedError(f"{self.name} does not support reorder_rows (beam search)")
+
     def extend(self, tokens: Tensor, num_logits: int | None = None) -> Tensor:
         """Append tokens and return next-token logits for the last ``n`` positions.
 

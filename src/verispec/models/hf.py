@@ -78,6 +78,10 @@ class HFCausalLM(CausalLM):
         self._rows = 1
         self.rollback(length)
 
+    def reorder_rows(self, indices: Tensor) -> None:
+        self.cache.reorder_cache(indices.to(device=self.device, dtype=torch.int64))  # [R']
+        self._rows = int(indices.shape[0])
+
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     ids: set[int] = set()

@@ -79,6 +79,9 @@ class TableLM(CausalLM):
     def join(self, branch: int, length: int) -> None:
         self._rows = [self._rows[branch][:length]]
 
+    def reorder_rows(self, indices: Tensor) -> None:
+        self._rows = [list(self._rows[i]) for i in indices.tolist()]
+
     def reset(self) -> None:
         self._rows = [[]]
 
