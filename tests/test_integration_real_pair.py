@@ -6,8 +6,8 @@ cached in ``~/.cache/verispec``; these tests run in CI like every other test.
 
 from __future__ import annotations
 
-import json
 import io
+import json
 
 import pytest
 import torch

@@ -10,5 +10,5 @@ from verispec.engine.stats import Stats
 from verispec.methods import METHODS
 from verispec.sampling import Sampling
 
-__all__ = ["GenerationResult", "METHODS", "Sampling", "Stats", "generate"]
+__all__ = ["METHODS", "GenerationResult", "Sampling", "Stats", "generate"]
 __version__ = "0.1.0"

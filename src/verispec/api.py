@@ -17,11 +17,11 @@ from verispec.engine.methods import Method
 from verispec.engine.stats import Stats
 from verispec.methods import METHODS, build_method
 from verispec.models.base import CausalLM
-from verispec.models.loading import check_compatible, load_model, resolve_dtype
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.models.loading import check_compatible, load_model, resolve_dtype
 from verispec.sampling import Sampling
 
-__all__ = ["GenerationResult", "generate", "encode_prompt", "make_drafter"]
+__all__ = ["GenerationResult", "encode_prompt", "generate", "make_drafter"]
 
 
 @dataclass

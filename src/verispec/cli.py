@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from verispec.methods import METHODS
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 
 def _methods_help() -> str:
@@ -119,7 +119,7 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from verispec.api import generate
     from verispec.models.loading import load_model
 
-    progress = (lambda msg: print(msg, file=err))  # noqa: E731
+    progress = (lambda msg: print(msg, file=err))
     target = load_model(args.target, dtype=args.dtype, progress=progress)
     info = METHODS[args.verifier]
     draft: Any = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Sampling", "NonFiniteLogitsError", "sample_from", "check_finite"]
+__all__ = ["NonFiniteLogitsError", "Sampling", "check_finite", "sample_from"]
 
 
 class NonFiniteLogitsError(ValueError):

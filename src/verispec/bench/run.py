@@ -21,7 +21,7 @@ from verispec.api import generate
 from verispec.models.base import CausalLM
 from verispec.models.loading import load_model, resolve_dtype
 
-__all__ = ["humaneval_prompts", "demo", "benchmark", "Row"]
+__all__ = ["Row", "benchmark", "demo", "humaneval_prompts"]
 
 
 def humaneval_prompts(n: int) -> list[str]:
@@ -51,7 +51,7 @@ class Row:
 
 
 def _load_pair(args: argparse.Namespace, err: TextIO) -> tuple[CausalLM, CausalLM, str]:
-    progress = (lambda msg: print(msg, file=err))  # noqa: E731
+    progress = (lambda msg: print(msg, file=err))
     target = load_model(args.target, dtype=args.dtype, progress=progress)
     draft = load_model(args.draft, dtype=args.dtype, progress=progress)
     return target, draft, resolve_dtype(args.dtype, target.device)[1]
@@ -73,10 +73,12 @@ def _run_hf(row: Row, target: CausalLM, draft: CausalLM | None, ids: list[int],
             args: argparse.Namespace) -> None:
     model = target.model  # type: ignore[attr-defined]
     input_ids = torch.tensor([ids], device=target.device)
-    kwargs: dict[str, Any] = dict(max_new_tokens=args.max_new_tokens, do_sample=False,
-                                  attention_mask=torch.ones_like(input_ids),
-                                  pad_token_id=model.generation_config.pad_token_id
-                                  or model.generation_config.eos_token_id)
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": args.max_new_tokens,
+        "do_sample": False,
+        "attention_mask": torch.ones_like(input_ids),
+        "pad_token_id": model.generation_config.pad_token_id or model.generation_config.eos_token_id,
+    }
     if draft is not None:
         kwargs["assistant_model"] = draft.model  # type: ignore[attr-defined]
     start = time.perf_counter()

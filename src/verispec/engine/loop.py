@@ -26,7 +26,7 @@ from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM, ContextTooLongError
 from verispec.sampling import Sampling
 
-__all__ = ["GenerationOutput", "speculative_generate", "accept_tokens"]
+__all__ = ["GenerationOutput", "accept_tokens", "speculative_generate"]
 
 
 @dataclass

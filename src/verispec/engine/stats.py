@@ -110,17 +110,17 @@ class Stats:
     def summary(self) -> str:
         lines = [
             f"method {self.method} ({'lossless' if self.lossless else 'NOT lossless'}), γ={self.gamma}",
-            f"tokens {self.tokens_emitted} in {self.wall_time_s:.2f}s "
-            f"({self.tokens_per_second:.2f} tok/s); stop: {self.stop_reason}",
-            f"iterations {self.iterations}, target calls {self.target_calls} "
-            f"(+{self.prefill_calls} prefill), draft calls {self.draft_calls}",
-            f"target tokens scored {self.target_tokens_scored} "
-            f"({self.extra_tokens_scored} for extra drafts)",
+            (f"tokens {self.tokens_emitted} in {self.wall_time_s:.2f}s "
+             f"({self.tokens_per_second:.2f} tok/s); stop: {self.stop_reason}"),
+            (f"iterations {self.iterations}, target calls {self.target_calls} "
+             f"(+{self.prefill_calls} prefill), draft calls {self.draft_calls}"),
+            (f"target tokens scored {self.target_tokens_scored} "
+             f"({self.extra_tokens_scored} for extra drafts)"),
             f"block efficiency {self.block_efficiency:.3f}, mean accepted {self.mean_accepted:.3f}",
             "acceptance by position " + " ".join(f"{a:.2f}" for a in self.acceptance_by_position),
             f"τ histogram {self.tau_histogram}",
-            f"time: draft {self.draft_time_s:.2f}s, target {self.target_time_s:.2f}s, "
-            f"verify {self.verify_time_s:.3f}s, prefill {self.prefill_time_s:.2f}s",
+            (f"time: draft {self.draft_time_s:.2f}s, target {self.target_time_s:.2f}s, "
+             f"verify {self.verify_time_s:.3f}s, prefill {self.prefill_time_s:.2f}s"),
             f"perplexity under target {self.perplexity:.3f}",
         ]
         if not self.lossless:

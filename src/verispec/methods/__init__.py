@@ -12,7 +12,7 @@ from typing import Any
 
 from verispec.engine.methods import Method
 
-__all__ = ["MethodInfo", "METHODS", "MethodOptionError", "register", "build_method"]
+__all__ = ["METHODS", "MethodInfo", "MethodOptionError", "build_method", "register"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def build_method(name: str, **options: Any) -> Method:
 
 
 # Importing the method modules registers them (order = order in --help).
-from verispec.methods import basic as _basic  # noqa: E402,F401
+from verispec.methods import basic as _basic  # noqa: F401
 
 for _name in ("greedy_block", "lossy", "multidraft", "mjsd"):
     try:

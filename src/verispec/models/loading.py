@@ -11,11 +11,11 @@ from verispec.models.base import CausalLM
 from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM, TableLM
 
 __all__ = [
+    "IncompatibleModelsError",
+    "check_compatible",
+    "default_device",
     "load_model",
     "resolve_dtype",
-    "check_compatible",
-    "IncompatibleModelsError",
-    "default_device",
 ]
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from verispec.models.base import CausalLM
 
-__all__ = ["TableLM", "ContextIndependentLM", "MarkovLM", "RandomContextLM", "ToyTokenizer"]
+__all__ = ["ContextIndependentLM", "MarkovLM", "RandomContextLM", "TableLM", "ToyTokenizer"]
 
 
 class TableLM(CausalLM):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from verispec.models.toy import TableLM
 from verispec.sampling import Sampling
 from verispec.verify import VerifyPlan, plan_law
 
-__all__ = ["Law", "target_law", "speculative_law", "expected_accepted", "tv_distance", "warped"]
+__all__ = ["Law", "expected_accepted", "speculative_law", "target_law", "tv_distance", "warped"]
 
 Law = dict[tuple[int, ...], float]
 PlanFn = Callable[[Tensor, Tensor, Tensor], VerifyPlan]
@@ -30,7 +30,7 @@ PlanFn = Callable[[Tensor, Tensor, Tensor], VerifyPlan]
 def warped(model: TableLM, sampling: Sampling) -> Callable[[tuple[int, ...]], Tensor]:
     """Memoised ``context -> warped next-token distribution [V]`` (float64)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def dist(context: tuple[int, ...]) -> Tensor:
         return sampling.probs(model.next_probs(context).log(), model.name)
 

@@ -25,8 +25,8 @@ from verispec.verify.multidraft import multidraft_law, multidraft_plan, multidra
 from verispec.verify.token import token_plan, token_verify
 
 __all__ = [
-    "VERIFIERS",
     "PLANS",
+    "VERIFIERS",
     "Verifier",
     "VerifyPlan",
     "VerifyResult",

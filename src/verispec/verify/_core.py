@@ -29,13 +29,13 @@ from torch import Tensor
 from verispec.sampling import sample_from
 
 __all__ = [
-    "VerifyResult",
-    "VerifyPlan",
     "Verifier",
-    "draw",
-    "plan_law",
+    "VerifyPlan",
+    "VerifyResult",
     "check_verifier_inputs",
+    "draw",
     "normalise_or",
+    "plan_law",
     "token_prob",
 ]
 
@@ -155,7 +155,7 @@ def draw(plan: VerifyPlan, generator: torch.Generator) -> VerifyResult:
 def plan_law(plan: VerifyPlan) -> Tensor:
     """Exact joint law of (τ, Y): [B, γ+1, V] with entry [b, i, y] = P(τ = i, Y = y)."""
     h = plan.accept_probs  # [B, γ]
-    b, gamma = h.shape
+    b = h.shape[0]
     one = torch.ones((b, 1), dtype=h.dtype, device=h.device)
     if plan.rule == "first_reject":
         # P(τ = i) = h_1 ... h_i (1 - h_{i+1}), with h_{γ+1} := 0.
