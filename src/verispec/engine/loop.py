@@ -131,6 +131,8 @@ def speculative_generate(
         new, stats.stop_reason = accept_tokens(
             draft.tokens[branch, :tau].tolist() + [y], target.eos_token_ids, room
         )
+        if stats.stop_reason == "max_new_tokens" and len(emitted) + len(new) < max_new_tokens:
+            stats.stop_reason = "context_window"  # the room was the window's, not the budget's
         # 5. Roll back the target to the accepted prefix; feed back to the drafter.
         if rows > 1:
             target.join(branch, len(ctx) + tau)

@@ -1,0 +1,137 @@
+"""KV-cache bookkeeping of the model layer: rollback and fork/join must be invisible.
+
+For the tiny Hugging Face model (float32) logits after extend / rollback / extend, and after
+fork / extend[M, k] / join / extend, must equal the logits of a fresh prefill of the same
+tokens within atol 1e-5. For the exact toy models they must be identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from verispec.models.base import CausalLM
+from verispec.models.hf import HFCausalLM
+from verispec.models.toy import MarkovLM, RandomContextLM
+from verispec.sampling import Sampling
+
+ATOL_HF = 1e-5
+
+
+def _fresh(make: Callable[[], CausalLM], tokens: list[int]) -> torch.Tensor:
+    """Logits [k, V] for every position of ``tokens`` from a model with an empty cache."""
+    model = make()
+    return model.extend(torch.tensor(tokens, dtype=torch.int64))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    if exact:
+        return torch.equal(a, b)
+    return torch.allclose(a, b, atol=ATOL_HF, rtol=0)
+
+
+def _seq(seed: int, n: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def _makers(tiny: Callable[[str], HFCausalLM]) -> dict[str, tuple[Callable[[], CausalLM], bool]]:
+    return {
+        "hf": (lambda: tiny("target"), False),
+        "random-context": (lambda: RandomContextLM(5, seed=3), True),
+        "markov": (lambda: MarkovLM.random(5, seed=4), True),
+    }
+
+
+@pytest.mark.parametrize("kind", ["hf", "random-context", "markov"])
+def test_extend_rollback_extend_equals_fresh_prefill(
+    kind: str, tiny: Callable[[str], HFCausalLM]
+) -> None:
+    make, exact = _makers(tiny)[kind]
+    model = make()
+    seq = _seq(11, 16, model.vocab_size)
+    fresh = _fresh(make, seq)  # [16, V]
+    # The engine's pattern: prefill, score a block, roll back into it, score the next block.
+    model.extend(torch.tensor(seq[:5]), num_logits=1)
+    model.extend(torch.tensor(seq[5:11]))  # a block of 6, of which only 2 are kept
+    model.rollback(7)
+    assert model.length == 7
+    after = model.extend(torch.tensor(seq[7:13]))  # [6, V]
+    assert _close(after, fresh[7:13], exact)
+    # Rolling back to the current length is a no-op; rolling back to 0 empties the cache.
+    model.rollback(13)
+    assert _close(model.extend(torch.tensor(seq[13:16])), fresh[13:16], exact)
+    model.rollback(0)
+    assert model.length == 0
+    assert _close(model.extend(torch.tensor(seq[:4])), fresh[:4], exact)
+    # num_logits keeps only the last positions.
+    model.rollback(2)
+    last = model.extend(torch.tensor(seq[2:9]), num_logits=3)
+    assert last.shape == (3, model.vocab_size)
+    assert _close(last, fresh[6:9], exact)
+
+
+@pytest.mark.parametrize("kind", ["hf", "random-context", "markov"])
+def test_fork_extend_branches_join_equals_fresh_prefill(
+    kind: str, tiny: Callable[[str], HFCausalLM]
+) -> None:
+    make, exact = _makers(tiny)[kind]
+    model = make()
+    vocab = model.vocab_size
+    prefix = _seq(21, 6, vocab)
+    branches = [_seq(22 + m, 4, vocab) for m in range(3)]  # M = 3 continuations of k = 4
+    nxt = _seq(30, 3, vocab)
+    model.extend(torch.tensor(prefix[:-1]), num_logits=1)
+    model.fork(3)
+    assert model.rows == 3
+    # Pending last prefix token + the branch, as the engine scores multi-draft blocks.
+    block = torch.tensor([[prefix[-1]] + b for b in branches])  # [3, 5]
+    logits = model.extend(block, num_logits=4)  # [3, 4, V]
+    assert logits.shape == (3, 4, vocab)
+    for m, b in enumerate(branches):
+        assert _close(logits[m], _fresh(make, prefix + b)[-4:], exact), f"branch {m}"
+    keep, kept_len = 1, len(prefix) + 2  # keep branch 1, truncated to two of its tokens
+    model.join(keep, kept_len)
+    assert model.rows == 1 and model.length == kept_len
+    after = model.extend(torch.tensor(nxt))  # [3, V]
+    expected = _fresh(make, prefix + branches[keep][:2] + nxt)[-3:]
+    assert _close(after, expected, exact)
+    # A second fork/join cycle from the joined cache (join on the last branch, full length).
+    model.fork(2)
+    more = torch.tensor([_seq(40, 2, vocab), _seq(41, 2, vocab)])  # [2, 2]
+    model.extend(more, num_logits=1)
+    model.join(1, model.length)
+    tail = _seq(42, 2, vocab)
+    expected = _fresh(make, prefix + branches[keep][:2] + nxt + more[1].tolist() + tail)[-2:]
+    assert _close(model.extend(torch.tensor(tail)), expected, exact)
+
+
+def test_rollback_beyond_cache_raises(tiny: Callable[[str], HFCausalLM]) -> None:
+    for model in (tiny("target"), RandomContextLM(4, seed=0)):
+        model.extend(torch.tensor([1, 2, 3]))
+        with pytest.raises(ValueError, match="roll back"):
+            model.rollback(4)
+        with pytest.raises(ValueError):
+            model.rollback(-1)
+
+
+def test_hf_wrapper_reports_config(tiny: Callable[[str], HFCausalLM]) -> None:
+    model = tiny("target")
+    assert model.vocab_size == 64
+    assert model.max_length == 256
+    assert model.eos_token_ids == frozenset()
+    out = model.extend(torch.tensor([3, 4, 5]), num_logits=1)
+    assert out.shape == (1, 64) and out.dtype == torch.float32
+    assert model.length == 3 and model.forward_calls == 1
+
+
+def test_toy_logits_are_the_table_at_temperature_one() -> None:
+    model = RandomContextLM(4, seed=9)
+    ctx = [0, 3, 1]
+    logits = model.extend(torch.tensor(ctx))  # [3, V], float64 log-probabilities
+    probs = Sampling().probs(logits)
+    for end in range(1, 4):
+        assert torch.allclose(probs[end - 1], model.next_probs(tuple(ctx[:end])), atol=1e-15)
+    assert logits.dtype == torch.float64
