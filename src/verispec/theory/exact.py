@@ -10,7 +10,7 @@ target. Lossless methods must make the two equal.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 
 import torch
@@ -64,15 +64,38 @@ def speculative_law(
     gamma: int,
     sampling: Sampling,
     length: int,
+    draft_stop: float | None = None,
 ) -> Law:
-    """Exact law of the engine's first ``length`` output tokens with a plan-based verifier."""
+    """Exact law of the engine's first ``length`` output tokens with a plan-based verifier.
+
+    ``draft_stop`` mirrors :class:`~verispec.drafters.model.ModelDrafter`'s ``stop_below``:
+    the draft ends early, after at least one token, where the draft's unwarped next-token
+    distribution has its maximum below the threshold.
+    """
     p, q = warped(target, sampling), warped(draft, sampling)
     law: Law = {}
 
+    def blocks(ctx: tuple[int, ...], g: int) -> Iterator[tuple[int, ...]]:
+        """Every draft block the drafter can propose with at most g tokens."""
+        if draft_stop is None:
+            yield from itertools.product(range(target.vocab_size), repeat=g)
+            return
+
+        def grow(block: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+            if len(block) == g or (
+                block and float(draft.next_probs(ctx + block).max()) < draft_stop
+            ):
+                yield block
+                return
+            for x in range(target.vocab_size):
+                yield from grow(block + (x,))
+
+        yield from grow(())
+
     def walk(ctx: tuple[int, ...], out: tuple[int, ...], prob: float) -> None:
         room = length - len(out)
-        g = min(gamma, room - 1)
-        for block in itertools.product(range(target.vocab_size), repeat=g):
+        for block in blocks(ctx, min(gamma, room - 1)):
+            g = len(block)
             q_rows = [q(ctx + block[:i]) for i in range(g)]
             block_prob = prob
             for i, x in enumerate(block):
