@@ -6,6 +6,7 @@ contributed by other modules register themselves here with :func:`register`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ class MethodInfo:
         runner: for methods that are not an iteration of Algorithm 3 (MJGD's target-only
             beam search), ``runner(target, prompt_ids, sampling=..., max_new_tokens=...,
             generator=..., on_tokens=..., **options) -> GenerationOutput``; else None.
+            A runner of a method that ``uses_draft`` also gets ``draft=`` (the draft model).
+        auto_gamma: the method accepts ``gamma="auto"`` (and uses it when none is given).
     """
 
     name: str
@@ -38,6 +41,7 @@ class MethodInfo:
     uses_draft: bool = True
     default_gamma: int = 8
     runner: Callable[..., Any] | None = None
+    auto_gamma: bool = False
 
 
 METHODS: dict[str, MethodInfo] = {}
@@ -68,9 +72,5 @@ def build_method(name: str, **options: Any) -> Method:
 # Importing the method modules registers them (order = order in --help).
 from verispec.methods import basic as _basic  # noqa: F401
 
-for _name in ("greedy_block", "lossy", "multidraft", "mjsd"):
-    try:
-        __import__(f"verispec.methods.{_name}")
-    except ModuleNotFoundError as _err:  # a method module not written yet
-        if _err.name != f"verispec.methods.{_name}":
-            raise
+for _name in ("greedy_block", "lossy", "multidraft", "mjsd", "pearl"):  # --help order
+    importlib.import_module(f"verispec.methods.{_name}")
