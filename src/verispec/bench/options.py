@@ -1,0 +1,55 @@
+"""The options of ``verispec bench`` (kept free of heavy imports: the CLI builds its parser
+from this module before anything is loaded)."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["BENCH_EPILOG", "add_bench_arguments"]
+
+BENCH_EPILOG = """\
+Every method in the registry (verispec generate --help) can be benchmarked, with options in
+brackets: lossy[epsilon=0.05], multidraft[num_drafts=4], mjsd[num_beams=4]. Peers measured in
+the same run: hf-ar (transformers' generate), hf-assisted (assisted generation with exactly γ
+draft tokens), hf-assisted-default (transformers' own drafting heuristic).
+
+Output in --out: results.jsonl (one line per prompt x config x repeat, appended as it runs:
+rerun the same command to resume), summary.md, summary.json (list "rows"), PNG plots.
+Compare two runs: verispec bench --compare A/summary.json B/summary.json
+"""
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the grid, suite and report options (the model options are added by the CLI)."""
+    p.add_argument("--methods", default="ar,token,block,hf-ar,hf-assisted",
+                   help="comma-separated methods and peers (default: %(default)s)")
+    p.add_argument("--temperatures", "--temperature", dest="temperatures", default="0",
+                   help="comma-separated temperatures, 0 = greedy (default: %(default)s)")
+    p.add_argument("--gamma", default="8",
+                   help="comma-separated draft lengths γ, or auto (default: %(default)s)")
+    p.add_argument("--suite", default="humaneval",
+                   help="humaneval and/or JSONL files (Spec-Bench question_id/category/turns, "
+                        "or {\"prompt\": ...}), comma-separated (default: %(default)s)")
+    p.add_argument("--categories", default=None,
+                   help="comma-separated categories to keep (default: all)")
+    p.add_argument("--num-prompts", "--prompts", dest="num_prompts", type=int, default=5,
+                   help="the first N prompts of each category (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="repeats with different seeds; figures are mean ± std over them")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", default="1",
+                   help="comma-separated batch sizes; > 1 uses batched decoding "
+                        "(default: %(default)s)")
+    p.add_argument("--drafter", choices=["model", "ngram"], default="model")
+    p.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
+                   help="wrap Spec-Bench turns in the target's chat template (auto: if it has one)")
+    p.add_argument("--out", default="verispec-bench",
+                   help="report directory; an existing one is resumed (default: %(default)s)")
+    p.add_argument("--no-hf", dest="hf", action="store_false",
+                   help="drop the transformers peers (hf-*) from --methods")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the untimed warm-up generation of each config")
+    p.add_argument("--output", default=None, help="also write summary.json to this file")
+    p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
+                   help="print the per-metric ratio B / A of two summary.json files and exit")

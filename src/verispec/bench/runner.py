@@ -1,0 +1,391 @@
+"""The benchmark loop: every prompt × config × repeat, appended to ``results.jsonl``.
+
+Order of work: for each repeat, for each prompt, every config of the grid in turn — so that
+the methods compared on one prompt run back to back (slow drifts of the machine's speed hit
+them alike). Each config gets one warm-up generation (a 16-token prefix of the first prompt,
+16 new tokens) the first time it runs in a session; warm-ups are never recorded.
+
+Timing brackets only generation: for verispec's methods, :attr:`Stats.wall_time_s` (prefill
++ decoding, measured inside the engine); for the transformers peers, the ``generate`` call.
+Tokenisation, model loading, warm-ups and the perplexity re-scoring of peer outputs are
+outside it. Prompt tokens never count as generated.
+
+Resuming: each finished prompt × config × repeat is one JSON line, flushed as soon as it is
+measured. Rerunning the same command with the same ``--out`` skips the lines already there
+(a torn last line from an interrupted write is dropped) and runs the rest; the summary is
+computed from the file alone. ``run.json`` records the settings that change results (models,
+dtype, budget, seed, drafter); resuming with different ones is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from verispec.bench.grid import Config, expand_grid, parse_method
+from verispec.bench.measure import MemoryMeter, derive_seed, score_nll
+from verispec.bench.metrics import summarize
+from verispec.bench.peers import run_peer
+from verispec.bench.progress import Progress
+from verispec.bench.suites import Prompt, encode, load_suites
+from verispec.engine.stats import Stats
+from verispec.models.base import CausalLM
+
+__all__ = ["BenchSettings", "batched_generate", "plan", "read_results", "run_benchmark"]
+
+Row = dict[str, Any]
+
+RESULTS = "results.jsonl"
+RUN_META = "run.json"
+WARMUP_TOKENS = 16
+#: Stats fields copied into each result row.
+_STATS_FIELDS = (
+    "iterations", "target_calls", "prefill_calls", "draft_calls", "accepted_total",
+    "drafted_total", "target_tokens_scored", "extra_tokens_scored", "tau_histogram",
+    "drafted_by_position", "accepted_by_position", "bias_tv_sum", "nll_sum", "stop_reason",
+    "energy_joules", "energy_source", "draft_time_s", "target_time_s", "verify_time_s",
+    "prefill_time_s",
+)
+#: Every key of the base Stats.to_dict() (anything else is method-specific).
+_BASE_STATS = frozenset(Stats().to_dict())
+
+
+@dataclass
+class BenchSettings:
+    """Everything that defines a benchmark run (the CLI's options)."""
+
+    methods: list[Any]  # list[MethodSpec]
+    temperatures: list[float]
+    gammas: list[int | None]
+    suites: list[str]
+    out: Path
+    num_prompts: int | None = 10
+    categories: list[str] | None = None
+    max_new_tokens: int = 64
+    repeats: int = 1
+    seed: int = 0
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    target: str = ""
+    draft: str = ""
+    dtype: str = "auto"
+    drafter: str = "model"
+    chat_template: str = "auto"
+    warmup: bool = True
+
+    def meta(self, target_name: str, draft_name: str) -> dict[str, Any]:
+        """The settings a resumed run must share with the original."""
+        return {"target": target_name, "draft": draft_name, "dtype": self.dtype,
+                "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                "drafter": self.drafter, "chat_template": self.chat_template}
+
+
+def batched_generate() -> Callable[..., Any] | None:
+    """:func:`verispec.api.generate_batch` (batched decoding), if this build has it."""
+    from verispec import api
+
+    fn = getattr(api, "generate_batch", None)
+    return fn if callable(fn) else None
+
+
+def _stats_fields(stats: dict[str, Any]) -> Row:
+    """The row fields taken from a :meth:`Stats.to_dict`; fields a method adds to its own
+    statistics (e.g. PEARL's) go under ``extra_stats``, its ``timeline`` under ``timeline``."""
+    row: Row = {k: stats.get(k) for k in _STATS_FIELDS}
+    row.update({"tokens": stats["tokens_emitted"], "seconds": stats["wall_time_s"],
+                "call_seconds": stats["wall_time_s"]})
+    extra = {k: v for k, v in stats.items() if k not in _BASE_STATS and k != "timeline"}
+    if extra:
+        row["extra_stats"] = extra
+    if stats.get("timeline"):
+        row["timeline"] = stats["timeline"]
+    return row
+
+
+def read_results(path: Path) -> dict[str, Row]:
+    """The complete rows of ``results.jsonl`` by key; a torn (unterminated) last line is
+    cut off the file so that appending continues cleanly."""
+    rows: dict[str, Row] = {}
+    if not path.exists():
+        return rows
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):  # the last write was interrupted
+        with path.open("r+b") as f:
+            f.truncate(end)
+    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno} is not valid JSON; the file is damaged") from exc
+        rows[row["key"]] = row
+    return rows
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One call to a generator: a config on one prompt (or one batch of prompts)."""
+
+    config: Config
+    repeat: int
+    prompts: tuple[int, ...]  # indices into the prompt list
+
+    def row_keys(self, prompts: Sequence[Prompt]) -> list[str]:
+        return [f"{self.config.key}|{prompts[i].id}|r={self.repeat}" for i in self.prompts]
+
+
+def plan(configs: Sequence[Config], num_prompts: int, repeats: int) -> list[Unit]:
+    """The units in execution order (repeat, prompt, config)."""
+    units = []
+    for r in range(repeats):
+        for i in range(num_prompts):
+            for c in configs:
+                b = c.batch_size
+                if b == 1:
+                    units.append(Unit(c, r, (i,)))
+                elif i % b == 0:
+                    units.append(Unit(c, r, tuple(range(i, min(i + b, num_prompts)))))
+    return units
+
+
+def _check_meta(out: Path, meta: dict[str, Any]) -> None:
+    path = out / RUN_META
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items()
+                if old.get(k) != v]
+        if diff:
+            raise ValueError(f"{out} holds results of a different run ({'; '.join(diff)}); "
+                             "use another --out or delete it")
+    else:
+        path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
+class _Runner:
+    def __init__(self, settings: BenchSettings, target: CausalLM, draft: CausalLM | None,
+                 prompts: list[Prompt], encoded: list[list[int]]) -> None:
+        self.s, self.target, self.draft = settings, target, draft
+        self.prompts, self.encoded = prompts, encoded
+        self.warmed: set[str] = set()
+
+    def _ours(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
+        from verispec.api import generate
+
+        with MemoryMeter(self.target.device) as mem:
+            result = generate(
+                self.target, self.draft, ids, verifier=c.method.name, gamma=c.gamma,
+                temperature=c.temperature, seed=seed, max_new_tokens=max_new,
+                drafter=self.s.drafter, dtype=self.s.dtype, **c.method.option_dict())
+        return result, mem.peak_mb, mem.source
+
+    def _peer(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
+        with MemoryMeter(self.target.device) as mem:
+            result = run_peer(c.method.name, self.target, self.draft, ids,
+                              temperature=c.temperature, gamma=c.gamma,
+                              max_new_tokens=max_new, seed=seed)
+        return result, mem.peak_mb, mem.source
+
+    def warm_up(self, c: Config) -> None:
+        if not self.s.warmup or c.key in self.warmed:
+            return
+        ids = self.encoded[0][:WARMUP_TOKENS]
+        max_new = min(WARMUP_TOKENS, self.s.max_new_tokens)
+        if c.batch_size > 1:
+            fn = batched_generate()
+            assert fn is not None
+            fn(self.target, self.draft, [ids] * c.batch_size,
+               **self._batch_kwargs(c, list(range(c.batch_size)), max_new))
+        elif c.method.is_peer:
+            self._peer(c, ids, 0, max_new)
+        else:
+            self._ours(c, ids, 0, max_new)
+        self.warmed.add(c.key)
+
+    def _base_row(self, unit: Unit, i: int, seed: int) -> Row:
+        c, p = unit.config, self.prompts[i]
+        return {
+            "key": f"{c.key}|{p.id}|r={unit.repeat}", "config": c.key, "method": c.method.label,
+            "base_method": c.method.name, "options": c.method.option_dict(),
+            "temperature": c.temperature, "batch_size": c.batch_size,
+            # γ = auto (the method's own choice) is recorded as "auto", not None.
+            "gamma": "auto" if c.gamma is None and c.method.uses_gamma else c.gamma,
+            "suite": p.suite, "category": p.category, "prompt_id": p.id,
+            "prompt_index": i, "repeat": unit.repeat, "seed": seed,
+            "prompt_tokens": len(self.encoded[i]), "lossless": c.method.lossless,
+        }
+
+    def run_single(self, unit: Unit) -> list[Row]:
+        c, i = unit.config, unit.prompts[0]
+        seed = derive_seed(self.s.seed, unit.repeat, self.prompts[i].id)
+        ids = self.encoded[i]
+        row = self._base_row(unit, i, seed)
+        if c.method.is_peer:
+            peer, peak, source = self._peer(c, ids, seed, self.s.max_new_tokens)
+            row.update({
+                "tokens": len(peer.tokens), "seconds": peer.seconds,
+                "call_seconds": peer.seconds, "target_calls": peer.target_calls,
+                "prefill_calls": 0, "draft_calls": peer.draft_calls,
+                "target_tokens_scored": peer.target_positions,
+                "nll_sum": score_nll(self.target, ids, peer.tokens),
+                "bias_tv_sum": 0.0, "energy_joules": peer.energy_joules,
+                "energy_source": peer.energy_source, "output": peer.tokens,
+            })
+        else:
+            result, peak, source = self._ours(c, ids, seed, self.s.max_new_tokens)
+            row.update(_stats_fields(result.stats.to_dict()))
+            row["output"] = list(result.tokens)
+        row["peak_memory_mb"], row["memory_source"] = peak, source
+        return [row]
+
+    def _batch_kwargs(self, c: Config, seeds: list[int], max_new: int) -> dict[str, Any]:
+        return {"verifier": c.method.name, "gamma": c.gamma, "temperature": c.temperature,
+                "seeds": seeds, "max_new_tokens": max_new, "batch_size": c.batch_size,
+                "drafter": self.s.drafter, "dtype": self.s.dtype, **c.method.option_dict()}
+
+    def run_batch(self, unit: Unit) -> list[Row]:
+        """One batched call on up to ``batch_size`` prompts. The call's wall time (and
+        energy) is shared among its rows in proportion to their tokens, so that sums over
+        rows give the batch's throughput."""
+        c = unit.config
+        fn = batched_generate()
+        if fn is None:
+            raise RuntimeError("--batch-size > 1 needs batched decoding (issue 7), which this "
+                               "build does not have")
+        seeds = [derive_seed(self.s.seed, unit.repeat, self.prompts[i].id) for i in unit.prompts]
+        batch = [self.encoded[i] for i in unit.prompts]
+        with MemoryMeter(self.target.device) as mem:
+            out = fn(self.target, self.draft, batch,
+                     **self._batch_kwargs(c, seeds, self.s.max_new_tokens))
+        call_seconds = float(out.stats.wall_time_s)
+        energy = out.stats.energy_joules
+        total = sum(len(r.tokens) for r in out.results) or 1
+        rows = []
+        for i, seed, result in zip(unit.prompts, seeds, out.results, strict=True):
+            share = len(result.tokens) / total
+            row = self._base_row(unit, i, seed)
+            row.update(_stats_fields(result.stats.to_dict()))
+            row.update({"seconds": call_seconds * share, "call_seconds": call_seconds,
+                        "energy_joules": None if energy is None else energy * share,
+                        "energy_source": out.stats.energy_source,
+                        "output": list(result.tokens), "peak_memory_mb": mem.peak_mb,
+                        "memory_source": mem.source})
+            rows.append(row)
+        return rows
+
+
+def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[CausalLM, CausalLM | None]:
+    from verispec.models.loading import load_model
+
+    progress = (lambda msg: print(msg, file=err))
+    target = load_model(s.target, dtype=s.dtype, progress=progress)
+    draft = load_model(s.draft, dtype=s.dtype, progress=progress) if needs_draft else None
+    return target, draft
+
+
+def _dtype_note(s: BenchSettings, target: CausalLM) -> str:
+    if hasattr(target, "model"):
+        from verispec.models.loading import resolve_dtype
+
+        return resolve_dtype(s.dtype, target.device)[1]
+    return "float64 (exact toy model)"
+
+
+def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
+                  draft: CausalLM | None = None, err: TextIO | None = None,
+                  on_row: Callable[[Row], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) the benchmark; write ``results.jsonl``, ``summary.json``,
+    ``summary.md`` and the plots into ``settings.out``; return the summary.
+
+    ``target`` / ``draft`` may be given already loaded (tests use toy and tiny models);
+    otherwise they are loaded from ``settings.target`` / ``settings.draft``.
+    ``on_row`` is called after each row is written (tests interrupt runs through it).
+    """
+    from verispec.bench.plots import write_plots
+    from verispec.bench.report import write_reports
+
+    err = err or sys.stderr
+    s = settings
+    if s.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {s.repeats}")
+    if s.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {s.max_new_tokens}")
+    if not any(m.label == "ar" for m in s.methods):
+        s.methods = [parse_method("ar"), *s.methods]
+        print("adding ar: every speed-up is paired against it", file=err)
+    configs = expand_grid(s.methods, s.temperatures, s.gammas, [1])
+    batched = [b for b in s.batch_sizes if b > 1]
+    if batched:
+        if batched_generate() is None:
+            raise RuntimeError("--batch-size > 1 needs batched decoding (issue 7), which this "
+                               "build does not have")
+        skipped = [m.label for m in s.methods if not m.batchable]
+        if skipped:
+            print(f"batch sizes > 1: {', '.join(skipped)} cannot run batched; they run at "
+                  "batch size 1 only", file=err)
+        configs += [Config(c.method, c.temperature, c.gamma, b) for c in configs
+                    for b in batched if c.method.batchable]
+    prompts = load_suites(s.suites, s.num_prompts, s.categories)
+    needs_draft = any(c.method.uses_draft for c in configs)
+    if target is None:
+        target, draft = _load_models(s, needs_draft, err)
+    elif needs_draft and draft is None:
+        raise ValueError("the methods need a draft model")
+    peers = sorted({c.method.name for c in configs if c.method.is_peer})
+    if peers and not hasattr(target, "model"):
+        raise ValueError(f"the transformers peers ({', '.join(peers)}) need Hugging Face "
+                         f"models; {target.name} is not one (drop them or use --no-hf)")
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(f"the target {target.name} has no tokenizer to encode prompts with")
+    encoded = [encode(p, tokenizer, s.chat_template) for p in prompts]
+    s.out.mkdir(parents=True, exist_ok=True)
+    names = (s.target or target.name, (s.draft or draft.name) if draft is not None else "")
+    _check_meta(s.out, s.meta(*names))
+    results_path = s.out / RESULTS
+    done = read_results(results_path)
+    units = plan(configs, len(prompts), s.repeats)
+    todo = [u for u in units if not all(k in done for k in u.row_keys(prompts))]
+    runner = _Runner(s, target, draft, prompts, encoded)
+    progress = Progress(len(units), err, done=len(units) - len(todo))
+    if done:
+        print(f"resuming: {len(units) - len(todo)} of {len(units)} runs already in "
+              f"{results_path}", file=err)
+    with results_path.open("a", encoding="utf-8") as f:
+        for unit in todo:
+            runner.warm_up(unit.config)
+            rows = runner.run_batch(unit) if unit.config.batch_size > 1 else runner.run_single(unit)
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+                done[row["key"]] = row
+                if on_row is not None:
+                    on_row(row)
+            c = unit.config
+            progress.step(f"{c.method.label} T={c.temperature:g} γ={c.gamma_text} "
+                          f"{prompts[unit.prompts[0]].id} r{unit.repeat}")
+    ordered = [done[k] for u in units for k in u.row_keys(prompts)]
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.category] = counts.get(p.category, 0) + 1
+    meta = {
+        **s.meta(*names),
+        "dtype_note": _dtype_note(s, target), "device": str(target.device),
+        "threads": torch.get_num_threads(), "suites": list(s.suites),
+        "prompts_per_category": counts, "repeats": s.repeats,
+        "methods": [m.label for m in s.methods], "temperatures": list(s.temperatures),
+        "gammas": [g if g is not None else "auto" for g in s.gammas],
+        "batch_sizes": list(s.batch_sizes),
+    }
+    summary = {"meta": meta, "rows": summarize(ordered)}
+    write_reports(s.out, summary)
+    write_plots(s.out, summary, ordered, err)
+    return summary
