@@ -5,10 +5,18 @@ p is the target, q is the draft, everywhere. See :mod:`verispec.verify` for the 
 :mod:`verispec.drafters` for the drafters.
 """
 
-from verispec.api import GenerationResult, generate
+from verispec.api import BatchGenerationResult, GenerationResult, generate, generate_batch
 from verispec.engine.stats import Stats
 from verispec.methods import METHODS
 from verispec.sampling import Sampling
 
-__all__ = ["METHODS", "GenerationResult", "Sampling", "Stats", "generate"]
+__all__ = [
+    "METHODS",
+    "BatchGenerationResult",
+    "GenerationResult",
+    "Sampling",
+    "Stats",
+    "generate",
+    "generate_batch",
+]
 __version__ = "0.1.0"
