@@ -21,7 +21,6 @@ every target pass, the first one (prompt + first token, or prompt + first draft)
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from verispec.bench.energy import EnergyMeter
+from verispec.engine.loop import now
 from verispec.models.base import CausalLM
 
 __all__ = ["PeerResult", "run_peer"]
@@ -98,12 +98,6 @@ def _module(model: CausalLM, role: str) -> Any:
     return module
 
 
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequence[int], *,
              temperature: float, gamma: int | None, max_new_tokens: int, seed: int) -> PeerResult:
     """Run ``hf-ar``, ``hf-assisted`` or ``hf-assisted-default`` on one prompt."""
@@ -139,10 +133,10 @@ def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequen
             (_counted(draft_module) if draft_module is not None else _noop_counter()) as d_count, \
             EnergyMeter(device) as meter:
         torch.manual_seed(seed)
-        start = _now(device)
+        start = now(device)
         with torch.inference_mode():
             out = module.generate(input_ids, **kwargs)  # [1, n + new]
-        seconds = _now(device) - start
+        seconds = now(device) - start
     new = [int(t) for t in out[0, input_ids.shape[1]:].tolist()]
     if eos:  # generate pads finished sequences; a single row stops at EOS, keep it exact
         for i, tok in enumerate(new):

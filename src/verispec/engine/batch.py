@@ -34,7 +34,7 @@ from verispec.engine.batch_drafters import (
     PerRowDrafter,
     RowRandom,
 )
-from verispec.engine.loop import GenerationOutput, _now, accept_tokens
+from verispec.engine.loop import GenerationOutput, accept_tokens, now
 from verispec.engine.methods import Method
 from verispec.engine.stats import Stats
 from verispec.models.base import ContextTooLongError
@@ -230,7 +230,7 @@ def batched_generate(
     device, first = target.device, methods[0]
     batch = BatchStats(method=first.name, lossless=all(m.lossless for m in methods), gamma=gamma,
                        batch_size=slots, num_prompts=n)
-    start = _now(device)
+    start = now(device)
     target.reset()
     waiting = deque(range(n))
     active: list[_Row] = []
@@ -240,13 +240,13 @@ def batched_generate(
         # 1. Admit waiting requests into free slots.
         new = [waiting.popleft() for _ in range(min(slots - len(active), len(waiting)))]
         if new:
-            t0 = _now(device)
+            t0 = now(device)
             calls0 = target.forward_calls
             target.add_rows([list(prompts[i])[:-1] for i in new])
             if drafter is not None:
                 drafter.admit([list(prompts[i]) for i in new])
             batch.prefill_calls += target.forward_calls - calls0
-            t1 = _now(device)
+            t1 = now(device)
             batch.prefill_time_s += t1 - t0
             for i in new:
                 methods[i].reset()
@@ -262,7 +262,7 @@ def batched_generate(
             if r.stats.stop_reason:
                 if drafter is not None:
                     r.stats.draft_calls = drafter.row_calls[b]
-                r.stats.wall_time_s = _now(device) - r.start
+                r.stats.wall_time_s = now(device) - r.start
                 done[r.index] = GenerationOutput(tokens=r.emitted, stats=r.stats)
         if len(keep) < len(active):
             target.select_rows(keep)
@@ -271,7 +271,7 @@ def batched_generate(
             active = [active[b] for b in keep]
     if drafter is not None:
         batch.draft_calls = drafter.forward_calls - draft_calls0
-    batch.wall_time_s = _now(device) - start
+    batch.wall_time_s = now(device) - start
     rows = [done[i] for i in range(n)]
     batch.tokens_emitted = sum(r.stats.tokens_emitted for r in rows)
     return BatchOutput(rows=rows, stats=batch)
@@ -289,7 +289,7 @@ def _iteration(target: BatchedLM, drafter: BatchedDrafter | None, active: list[_
         rooms.append(room)
         gammas.append(min(gamma, room - 1))
     # 1. Draft.
-    t0 = _now(device)
+    t0 = now(device)
     drafts: list[Draft | None] = [None] * len(active)
     if drafter is not None and any(g > 0 for g in gammas):
         drafts = drafter.propose(
@@ -301,7 +301,7 @@ def _iteration(target: BatchedLM, drafter: BatchedDrafter | None, active: list[_
                                             probs=torch.empty((1, 0, vocab)))
               for d in drafts]
     # 2. Score every row's pending tokens + its block(s) in one target pass.
-    t1 = _now(device)
+    t1 = now(device)
     lengths = target.lengths
     pending = [r.ctx[n:] for r, n in zip(active, lengths, strict=True)]
     forks = [int(d.tokens.shape[0]) for d in drafts]
@@ -312,14 +312,14 @@ def _iteration(target: BatchedLM, drafter: BatchedDrafter | None, active: list[_
         target.select_rows([b for b in range(len(active)) for _ in range(forks[b])])
     logits = target.extend(blocks)  # [R', k_max, V]
     p_all = sampling.probs(logits, target.name)  # [R', k_max, V]
-    t2 = _now(device)
+    t2 = now(device)
     # 3. Verify each row with its own method and generator.
     results = []
     for b, (r, d) in enumerate(zip(active, drafts, strict=True)):
         lo, hi = len(pending[b]) - 1, len(pending[b]) + d.gamma
         p = p_all[first[b] : first[b] + forks[b], lo:hi]  # [M_b, γ_b+1, V]
         results.append(random.verify(r.index, r.method, p, d))
-    t3 = _now(device)
+    t3 = now(device)
     # 4. Accept, clamped at EOS and each row's budget.
     taus, branches, news = [], [], []
     for b, (r, d, res) in enumerate(zip(active, drafts, results, strict=True)):

@@ -26,7 +26,15 @@ from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM, ContextTooLongError
 from verispec.sampling import Sampling
 
-__all__ = ["GenerationOutput", "accept_tokens", "speculative_generate"]
+__all__ = [
+    "GenerationOutput",
+    "accept_tokens",
+    "check_request",
+    "now",
+    "prefill",
+    "room_left",
+    "speculative_generate",
+]
 
 
 @dataclass
@@ -52,10 +60,41 @@ def accept_tokens(
     return out, ("max_new_tokens" if len(out) == budget else "")
 
 
-def _now(device: torch.device) -> float:
+def now(device: torch.device) -> float:
+    """A wall-clock reading after the device's queued work has finished."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def check_request(target: CausalLM, prompt: Sequence[int], max_new_tokens: int) -> None:
+    """Reject an empty prompt, a budget < 1 and a prompt that fills the context window."""
+    if not prompt:
+        raise ValueError("the prompt is empty: at least one token is needed to condition on")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if target.max_length is not None and len(prompt) >= target.max_length:
+        raise ContextTooLongError(
+            f"the prompt has {len(prompt)} tokens; {target.name}'s context window is "
+            f"{target.max_length} tokens, leaving no room to generate"
+        )
+
+
+def prefill(target: CausalLM, ctx: list[int], stats: Stats, start: float) -> None:
+    """Reset the target and prefill all but the last context token, which stays pending."""
+    target.reset()
+    if len(ctx) > 1:
+        target.extend(torch.tensor(ctx[:-1], device=target.device), num_logits=1)
+        stats.prefill_calls += 1
+        stats.prefill_time_s = now(target.device) - start
+
+
+def room_left(target: CausalLM, ctx: list[int], emitted: int, max_new_tokens: int) -> int:
+    """Tokens that may still be emitted: the budget's remainder, capped by the context window."""
+    room = max_new_tokens - emitted
+    if target.max_length is not None:
+        room = min(room, target.max_length - len(ctx))
+    return room
 
 
 def speculative_generate(
@@ -71,40 +110,26 @@ def speculative_generate(
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` (token ids)."""
-    if not prompt:
-        raise ValueError("the prompt is empty: at least one token is needed to condition on")
+    check_request(target, prompt, max_new_tokens)
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
     if gamma > 0 and drafter is None:
         raise ValueError("gamma > 0 needs a drafter")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if target.max_length is not None and len(prompt) >= target.max_length:
-        raise ContextTooLongError(
-            f"the prompt has {len(prompt)} tokens; {target.name}'s context window is "
-            f"{target.max_length} tokens, leaving no room to generate"
-        )
     device, m = target.device, method.num_drafts
     stats = Stats(method=method.name, lossless=method.lossless, gamma=gamma)
-    start = _now(device)
-    target.reset()
+    start = now(device)
     method.reset()
     if drafter is not None:
         drafter.begin(prompt)
         draft_calls0 = drafter.forward_calls
     ctx = [int(t) for t in prompt]
-    if len(ctx) > 1:  # prefill all but the last prompt token, which stays pending
-        target.extend(torch.tensor(ctx[:-1], device=device), num_logits=1)
-        stats.prefill_calls += 1
-        stats.prefill_time_s = _now(device) - start
+    prefill(target, ctx, stats, start)
     emitted: list[int] = []
     while not stats.stop_reason:
-        room = max_new_tokens - len(emitted)
-        if target.max_length is not None:
-            room = min(room, target.max_length - len(ctx))
+        room = room_left(target, ctx, len(emitted), max_new_tokens)
         g = min(gamma, room - 1)
         # 1. Draft.
-        t0 = _now(device)
+        t0 = now(device)
         if g > 0 and drafter is not None:
             draft = drafter.propose(ctx, g, generator, num_drafts=m, with_next=method.needs_next_probs)
         else:
@@ -112,7 +137,7 @@ def speculative_generate(
                           probs=torch.empty((1, 0, target.vocab_size)))
         g, rows = draft.gamma, int(draft.tokens.shape[0])
         # 2. Score pending context tokens + the block in one target pass.
-        t1 = _now(device)
+        t1 = now(device)
         pending = torch.tensor(ctx[target.length :], dtype=torch.int64)
         block = torch.cat([pending.expand(rows, -1), draft.tokens], dim=1).to(device)  # [M, k]
         if rows > 1:
@@ -121,12 +146,12 @@ def speculative_generate(
         else:
             logits = target.extend(block[0], num_logits=g + 1).unsqueeze(0)  # [1, γ+1, V]
         p = sampling.probs(logits, target.name)  # [M, γ+1, V]
-        t2 = _now(device)
+        t2 = now(device)
         # 3. Verify.
         result = method.verify(p, draft, generator)
         tau, y = int(result.num_accepted[0]), int(result.next_token[0])
         branch = int(result.extras["branch"][0]) if "branch" in result.extras else 0
-        t3 = _now(device)
+        t3 = now(device)
         # 4. Accept, clamped at EOS and the budget.
         new, stats.stop_reason = accept_tokens(
             draft.tokens[branch, :tau].tolist() + [y], target.eos_token_ids, room
@@ -161,5 +186,5 @@ def speculative_generate(
             on_tokens(new)
     if drafter is not None:
         stats.draft_calls = drafter.forward_calls - draft_calls0
-    stats.wall_time_s = _now(device) - start
+    stats.wall_time_s = now(device) - start
     return GenerationOutput(tokens=emitted, stats=stats)

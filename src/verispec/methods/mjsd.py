@@ -23,7 +23,6 @@ unchanged.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,11 +30,18 @@ import torch
 
 from verispec.drafters.base import Draft
 from verispec.drafters.beam import beam_search
-from verispec.engine.loop import GenerationOutput, accept_tokens
+from verispec.engine.loop import (
+    GenerationOutput,
+    accept_tokens,
+    check_request,
+    now,
+    prefill,
+    room_left,
+)
 from verispec.engine.methods import Method
 from verispec.engine.stats import Stats
 from verispec.methods import MethodInfo, register
-from verispec.models.base import CausalLM, ContextTooLongError
+from verispec.models.base import CausalLM
 from verispec.sampling import Sampling
 from verispec.verify import VerifyResult
 from verispec.verify.mjsd import check_threshold, mjsd_verify
@@ -118,12 +124,6 @@ class MJGDMethod(Method):
         raise RuntimeError("mjgd has no verification step; run it with mjgd_generate")
 
 
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def mjgd_generate(
     target: CausalLM,
     prompt_ids: Sequence[int],
@@ -143,34 +143,20 @@ def mjgd_generate(
     emitted tokens (each is a deterministic choice), perplexity is under the unwarped target.
     """
     num_beams = _check_beams(getattr(method, "num_beams", 8))
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: at least one token is needed to condition on")
+    check_request(target, prompt_ids, max_new_tokens)
     if gamma < 1:
         raise ValueError(f"gamma (K, tokens per MJGD step) must be >= 1, got {gamma}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if target.max_length is not None and len(prompt_ids) >= target.max_length:
-        raise ContextTooLongError(
-            f"the prompt has {len(prompt_ids)} tokens; {target.name}'s context window is "
-            f"{target.max_length} tokens, leaving no room to generate"
-        )
     device = target.device
     stats = Stats(method=method.name or "mjgd", lossless=False, gamma=gamma)
     stats.notes.append(f"MJGD: target-only beam search, width {num_beams}, K={gamma} tokens/step")
-    start = _now(device)
-    target.reset()
+    start = now(device)
     ctx = [int(t) for t in prompt_ids]
-    if len(ctx) > 1:  # prefill all but the last prompt token, which stays pending
-        target.extend(torch.tensor(ctx[:-1], device=device), num_logits=1)
-        stats.prefill_calls += 1
-        stats.prefill_time_s = _now(device) - start
+    prefill(target, ctx, stats, start)
     emitted: list[int] = []
     while not stats.stop_reason:
-        room = max_new_tokens - len(emitted)
-        if target.max_length is not None:
-            room = min(room, target.max_length - len(ctx))
+        room = room_left(target, ctx, len(emitted), max_new_tokens)
         k = min(gamma, room)
-        t0, calls0 = _now(device), target.forward_calls
+        t0, calls0 = now(device), target.forward_calls
         pending = torch.tensor(ctx[target.length :], dtype=torch.int64, device=device)
         first = target.extend(pending, num_logits=1)[0]  # [V]
         beam = beam_search(target, first, k, num_beams, sampling)
@@ -187,10 +173,10 @@ def mjgd_generate(
         stats.target_calls += target.forward_calls - calls0
         stats.target_tokens_scored += int(pending.numel()) + beam.positions
         stats.tokens_emitted += n
-        stats.target_time_s += _now(device) - t0
+        stats.target_time_s += now(device) - t0
         if on_tokens is not None:
             on_tokens(new)
-    stats.wall_time_s = _now(device) - start
+    stats.wall_time_s = now(device) - start
     return GenerationOutput(tokens=emitted, stats=stats)
 
 
