@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m verispec.engine.pearl.bench")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="auto: bfloat16 where the CPU has avx512_bf16/amx_bf16 or on CUDA, "
+                    "else float32")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default="0,1")
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     target = load_model(args.target, dtype=args.dtype, progress=log)
     draft = load_model(args.draft, dtype=args.dtype, progress=log)
+    hf_model = getattr(target, "model", None)
+    if isinstance(hf_model, torch.nn.Module):  # report the precision auto chose
+        args.dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
     encoded = [list(target.tokenizer.encode(p)) for p in _prompts(args.prompts)]  # type: ignore[attr-defined]
     results: dict[str, Any] = {"threads_main": torch.get_num_threads(), "runs": {}}
     with PearlEngine(target, draft) as engine:
