@@ -69,6 +69,7 @@ def test_ar_uses_no_draft_and_one_target_call_per_token():
         (["--top-p", "1.5"], "top_p"),
         (["--gamma", "0"], "gamma"),
         (["--top-k", "0"], "top_k"),
+        (["--draft-quantize", "int8"], "cannot be quantized"),
     ],
 )
 def test_bad_parameters_exit_2_with_a_clear_message(args, message):

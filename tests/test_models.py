@@ -135,3 +135,42 @@ def test_toy_logits_are_the_table_at_temperature_one() -> None:
     for end in range(1, 4):
         assert torch.allclose(probs[end - 1], model.next_probs(tuple(ctx[:end])), atol=1e-15)
     assert logits.dtype == torch.float64
+
+
+# ---------------------------------------------------------------- int8 draft
+
+
+def test_int8_draft_is_its_own_q_and_greedy_stays_exact(tiny: Callable[[str], HFCausalLM]) -> None:
+    from verispec.api import generate
+    from verispec.models.loading import quantize_int8
+
+    draft = tiny("close")
+    quantized = quantize_int8(draft)
+    assert quantized.name == "tiny-close+int8"
+    prompt = [3, 9, 4, 17]
+    # [1, 4, V]: the quantized draft is a different model (its own q), not the float one.
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        diff = (quantized.model(ids).logits - draft.model(ids).logits).abs().max().item()
+    assert diff > 0.0
+    # The float draft is left untouched (the quantized copy is a deep copy).
+    assert isinstance(draft.model.model.layers[0].mlp.up_proj, torch.nn.Linear)
+    ar = generate(tiny("target"), None, prompt, verifier="ar", temperature=0.0,
+                  max_new_tokens=24)
+    for verifier in ("token", "block"):
+        out = generate(tiny("target"), quantize_int8(tiny("close")), prompt, verifier=verifier,
+                       gamma=4, temperature=0.0, max_new_tokens=24)
+        assert out.tokens == ar.tokens
+
+
+def test_int8_quantization_refuses_what_it_cannot_do(tiny: Callable[[str], HFCausalLM]) -> None:
+    from verispec.models.loading import load_model, quantize_int8
+
+    with pytest.raises(ValueError, match="float32"):
+        quantize_int8(HFCausalLM(tiny("close").model.to(torch.bfloat16), None, name="bf16"))
+    with pytest.raises(TypeError, match="transformers model"):
+        quantize_int8(MarkovLM.random(5, 0))
+    with pytest.raises(ValueError, match="cannot be quantized"):
+        load_model("toy:markov:5:1", quantize="int8")
+    with pytest.raises(ValueError, match="quantize must be"):
+        load_model("toy:markov:5:1", quantize="int4")

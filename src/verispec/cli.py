@@ -32,6 +32,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="precision; auto picks bfloat16 where the device has fast bf16 "
                         "(the choice is printed)")
+    p.add_argument("--draft-quantize", choices=["none", "int8"], default="none",
+                   help="int8: dynamic int8 linear layers for the draft (CPU, float32); "
+                        "verification stays exact because q is the quantized draft's own")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -187,7 +190,8 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     info = METHODS[args.verifier]
     draft: Any = None
     if info.uses_draft and (args.drafter == "model" or args.verifier == "mjsd"):
-        draft = load_model(args.draft, dtype=args.dtype, progress=progress)
+        draft = load_model(args.draft, dtype=args.dtype, progress=progress,
+                           quantize=args.draft_quantize)
     streamer = None if args.json else _Streamer(getattr(target, "tokenizer", None), out)
     if streamer is not None:
         out.write(args.prompt)
@@ -261,7 +265,8 @@ def _cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     info = METHODS[args.verifier]
     draft: Any = None
     if info.uses_draft and args.drafter == "model":
-        draft = load_model(args.draft, dtype=args.dtype, progress=progress)
+        draft = load_model(args.draft, dtype=args.dtype, progress=progress,
+                           quantize=args.draft_quantize)
     options = {k: getattr(args, k) for k in
                ("epsilon", "residual", "num_drafts", "num_beams", "threshold", "paper_warp")}
     batch = generate_batch(

@@ -49,7 +49,8 @@ class Row:
 def _load_pair(args: argparse.Namespace, err: TextIO) -> tuple[CausalLM, CausalLM, str]:
     progress = (lambda msg: print(msg, file=err))
     target = load_model(args.target, dtype=args.dtype, progress=progress)
-    draft = load_model(args.draft, dtype=args.dtype, progress=progress)
+    draft = load_model(args.draft, dtype=args.dtype, progress=progress,
+                       quantize=args.draft_quantize)
     return target, draft, resolve_dtype(args.dtype, target.device)[1]
 
 
@@ -107,7 +108,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         categories=split_list(args.categories) if args.categories else None,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
         batch_sizes=parse_ints(args.batch_size, "batch size"), target=args.target,
-        draft=args.draft, dtype=args.dtype, drafter=args.drafter,
+        draft=args.draft, dtype=args.dtype, draft_quantize=args.draft_quantize,
+        drafter=args.drafter,
         chat_template=args.chat_template, warmup=args.warmup)
 
 

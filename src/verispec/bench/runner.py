@@ -75,6 +75,7 @@ class BenchSettings:
     target: str = ""
     draft: str = ""
     dtype: str = "auto"
+    draft_quantize: str = "none"
     drafter: str = "model"
     chat_template: str = "auto"
     warmup: bool = True
@@ -286,7 +287,8 @@ def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[Caus
 
     progress = (lambda msg: print(msg, file=err))
     target = load_model(s.target, dtype=s.dtype, progress=progress)
-    draft = load_model(s.draft, dtype=s.dtype, progress=progress) if needs_draft else None
+    draft = (load_model(s.draft, dtype=s.dtype, progress=progress, quantize=s.draft_quantize)
+             if needs_draft else None)
     return target, draft
 
 

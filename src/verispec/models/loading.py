@@ -15,8 +15,11 @@ __all__ = [
     "check_compatible",
     "default_device",
     "load_model",
+    "quantize_int8",
     "resolve_dtype",
 ]
+
+QUANTIZE_CHOICES = ("none", "int8")
 
 
 class IncompatibleModelsError(ValueError):
@@ -76,9 +79,18 @@ def load_model(
     dtype: str = "auto",
     device: torch.device | None = None,
     progress: Callable[[str], None] | None = None,
+    quantize: str = "none",
 ) -> CausalLM:
-    """Load a model from an embedded name, a local directory, a hub id or a toy spec."""
+    """Load a model from an embedded name, a local directory, a hub id or a toy spec.
+
+    ``quantize="int8"`` applies :func:`quantize_int8` (meant for the draft: q is whatever the
+    quantized draft outputs, so every lossless verifier stays lossless).
+    """
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if spec.startswith("toy:"):
+        if quantize != "none":
+            raise ValueError(f"toy model {spec!r} is exact float64 and cannot be quantized")
         return _toy(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -94,7 +106,48 @@ def load_model(
         progress(f"loading {spec} ({torch_dtype}) from {path}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return HFCausalLM(model, tokenizer, name=os.path.basename(str(path).rstrip("/")) or spec)
+    loaded = HFCausalLM(model, tokenizer, name=os.path.basename(str(path).rstrip("/")) or spec)
+    if quantize == "int8":
+        if progress:
+            progress(f"quantizing {spec}: dynamic int8 linear layers (CPU)")
+        return quantize_int8(loaded)
+    return loaded
+
+
+def quantize_int8(model: CausalLM) -> CausalLM:
+    """A copy of a float32 CPU transformers model whose ``nn.Linear`` layers run dynamic int8
+    matmuls (int8 weights, activations quantized per call). Named ``<name>+int8``.
+
+    Used on the draft. The draft's q is then the quantized model's own distribution, which
+    the engine records exactly as sampled, so lossless verification stays lossless; only
+    acceptance can change. Raises TypeError for non-transformers models, and ValueError for
+    weights that are not float32 and for models off the CPU (PyTorch's dynamic int8 kernels
+    are CPU-only).
+    """
+    import copy
+
+    from verispec.models.hf import HFCausalLM
+
+    if not isinstance(model, HFCausalLM):
+        raise TypeError(f"int8 quantization needs a transformers model, got {type(model).__name__}")
+    module = model.model
+    param = next(module.parameters())
+    if param.device.type != "cpu":
+        raise ValueError(f"int8 dynamic quantization runs on the CPU only; {model.name} is on "
+                         f"{param.device}")
+    if param.dtype != torch.float32:
+        raise ValueError(f"int8 dynamic quantization needs float32 weights; {model.name} is "
+                         f"{param.dtype} (use --dtype float32)")
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # The pinned torch still ships these kernels but announces their move to torchao.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = quantize_dynamic(copy.deepcopy(module), {torch.nn.Linear}, dtype=torch.qint8)
+    return HFCausalLM(quantized, model.tokenizer, name=f"{model.name}+int8")
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:
