@@ -141,7 +141,7 @@ def test_toy_logits_are_the_table_at_temperature_one() -> None:
 
 
 def test_int8_draft_is_its_own_q_and_greedy_stays_exact(tiny: Callable[[str], HFCausalLM]) -> None:
-    from verispec.api import generate
+    from verispec.api import generate, generate_batch
     from verispec.models.loading import quantize_int8
 
     draft = tiny("close")
@@ -161,6 +161,15 @@ def test_int8_draft_is_its_own_q_and_greedy_stays_exact(tiny: Callable[[str], HF
         out = generate(tiny("target"), quantize_int8(tiny("close")), prompt, verifier=verifier,
                        gamma=4, temperature=0.0, max_new_tokens=24)
         assert out.tokens == ar.tokens
+    # The batched engine runs the quantized draft too (ragged rows, greedy = ar per row).
+    prompts = [prompt, [5, 1], [8, 8, 2, 30, 11]]
+    batch = generate_batch(tiny("target"), quantize_int8(tiny("close")), prompts,
+                           verifier="block", gamma=4, temperature=0.0, max_new_tokens=12,
+                           batch_size=2)
+    for p, row in zip(prompts, batch.results, strict=True):
+        one = generate(tiny("target"), None, p, verifier="ar", temperature=0.0,
+                       max_new_tokens=12)
+        assert row.tokens == one.tokens
 
 
 def test_int8_quantization_refuses_what_it_cannot_do(tiny: Callable[[str], HFCausalLM]) -> None:
