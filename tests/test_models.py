@@ -161,6 +161,12 @@ def test_int8_draft_is_its_own_q_and_greedy_stays_exact(tiny: Callable[[str], HF
         out = generate(tiny("target"), quantize_int8(tiny("close")), prompt, verifier=verifier,
                        gamma=4, temperature=0.0, max_new_tokens=24)
         assert out.tokens == ar.tokens
+    # inplace converts the wrapper's own module (no second copy in memory).
+    import copy
+
+    # A private copy: the fixture's module is shared by other tests and must stay float.
+    own = HFCausalLM(copy.deepcopy(tiny("close").model), None, name="own")
+    assert quantize_int8(own, inplace=True).model is own.model
     # The batched engine runs the quantized draft too (ragged rows, greedy = ar per row).
     prompts = [prompt, [5, 1], [8, 8, 2, 30, 11]]
     batch = generate_batch(tiny("target"), quantize_int8(tiny("close")), prompts,

@@ -110,13 +110,14 @@ def load_model(
     if quantize == "int8":
         if progress:
             progress(f"quantizing {spec}: dynamic int8 linear layers (CPU)")
-        return quantize_int8(loaded)
+        return quantize_int8(loaded, inplace=True)  # the float copy is ours: no second copy
     return loaded
 
 
-def quantize_int8(model: CausalLM) -> CausalLM:
-    """A copy of a float32 CPU transformers model whose ``nn.Linear`` layers run dynamic int8
-    matmuls (int8 weights, activations quantized per call). Named ``<name>+int8``.
+def quantize_int8(model: CausalLM, *, inplace: bool = False) -> CausalLM:
+    """A float32 CPU transformers model whose ``nn.Linear`` layers run dynamic int8 matmuls
+    (int8 weights, activations quantized per call), named ``<name>+int8``. It is a copy
+    unless ``inplace``, which converts ``model``'s own module and saves the memory of a copy.
 
     Used on the draft. The draft's q is then the quantized model's own distribution, which
     the engine records exactly as sampled, so lossless verification stays lossless; only
@@ -125,6 +126,9 @@ def quantize_int8(model: CausalLM) -> CausalLM:
     are CPU-only).
     """
     import copy
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
 
     from verispec.models.hf import HFCausalLM
 
@@ -138,15 +142,13 @@ def quantize_int8(model: CausalLM) -> CausalLM:
     if param.dtype != torch.float32:
         raise ValueError(f"int8 dynamic quantization needs float32 weights; {model.name} is "
                          f"{param.dtype} (use --dtype float32)")
-    import warnings
-
-    from torch.ao.quantization import quantize_dynamic
-
     with warnings.catch_warnings():
         # The pinned torch still ships these kernels but announces their move to torchao.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        quantized = quantize_dynamic(copy.deepcopy(module), {torch.nn.Linear}, dtype=torch.qint8)
+        source = module if inplace else copy.deepcopy(module)
+        quantized = quantize_dynamic(source, {torch.nn.Linear}, dtype=torch.qint8,
+                                     inplace=inplace)
     return HFCausalLM(quantized, model.tokenizer, name=f"{model.name}+int8")
 
 
