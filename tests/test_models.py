@@ -7,6 +7,7 @@ tokens within atol 1e-5. For the exact toy models they must be identical.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -162,8 +163,6 @@ def test_int8_draft_is_its_own_q_and_greedy_stays_exact(tiny: Callable[[str], HF
                        gamma=4, temperature=0.0, max_new_tokens=24)
         assert out.tokens == ar.tokens
     # inplace converts the wrapper's own module (no second copy in memory).
-    import copy
-
     # A private copy: the fixture's module is shared by other tests and must stay float.
     own = HFCausalLM(copy.deepcopy(tiny("close").model), None, name="own")
     assert quantize_int8(own, inplace=True).model is own.model
@@ -182,10 +181,15 @@ def test_int8_quantization_refuses_what_it_cannot_do(tiny: Callable[[str], HFCau
     from verispec.models.loading import load_model, quantize_int8
 
     with pytest.raises(ValueError, match="float32"):
-        quantize_int8(HFCausalLM(tiny("close").model.to(torch.bfloat16), None, name="bf16"))
+        # Module.to works in place: convert a private copy, not the shared fixture module.
+        bf16 = copy.deepcopy(tiny("close").model).to(torch.bfloat16)
+        quantize_int8(HFCausalLM(bf16, None, name="bf16"))
     with pytest.raises(TypeError, match="transformers model"):
         quantize_int8(MarkovLM.random(5, 0))
     with pytest.raises(ValueError, match="cannot be quantized"):
         load_model("toy:markov:5:1", quantize="int8")
     with pytest.raises(ValueError, match="quantize must be"):
         load_model("toy:markov:5:1", quantize="int4")
+    # Refused before the (slow) load: the path is never looked up.
+    with pytest.raises(ValueError, match="needs float32 weights"):
+        load_model("/nonexistent/model-dir", dtype="bfloat16", quantize="int8")

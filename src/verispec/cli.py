@@ -24,6 +24,7 @@ def _methods_help() -> str:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+    from verispec.models.loading import QUANTIZE_CHOICES
 
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help=f"target model: embedded name, local dir, hub id or toy spec "
@@ -32,7 +33,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="precision; auto picks bfloat16 where the device has fast bf16 "
                         "(the choice is printed)")
-    p.add_argument("--draft-quantize", choices=["none", "int8"], default="none",
+    p.add_argument("--draft-quantize", choices=QUANTIZE_CHOICES, default="none",
                    help="int8: dynamic int8 linear layers for the draft (CPU, float32); "
                         "verification stays exact because q is the quantized draft's own")
 

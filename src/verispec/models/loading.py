@@ -11,6 +11,7 @@ from verispec.models.base import CausalLM
 from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM, TableLM
 
 __all__ = [
+    "QUANTIZE_CHOICES",
     "IncompatibleModelsError",
     "check_compatible",
     "default_device",
@@ -101,6 +102,8 @@ def load_model(
     hf_logging.disable_progress_bar()
     device = device or default_device()
     torch_dtype, _ = resolve_dtype(dtype, device)
+    if quantize == "int8":  # refuse before the load, which takes seconds to a minute
+        _check_int8(spec, device, torch_dtype)
     path = resolve(spec, progress=progress)
     if progress:
         progress(f"loading {spec} ({torch_dtype}) from {path}")
@@ -136,12 +139,7 @@ def quantize_int8(model: CausalLM, *, inplace: bool = False) -> CausalLM:
         raise TypeError(f"int8 quantization needs a transformers model, got {type(model).__name__}")
     module = model.model
     param = next(module.parameters())
-    if param.device.type != "cpu":
-        raise ValueError(f"int8 dynamic quantization runs on the CPU only; {model.name} is on "
-                         f"{param.device}")
-    if param.dtype != torch.float32:
-        raise ValueError(f"int8 dynamic quantization needs float32 weights; {model.name} is "
-                         f"{param.dtype} (use --dtype float32)")
+    _check_int8(model.name, param.device, param.dtype)
     with warnings.catch_warnings():
         # The pinned torch still ships these kernels but announces their move to torchao.
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -150,6 +148,14 @@ def quantize_int8(model: CausalLM, *, inplace: bool = False) -> CausalLM:
         quantized = quantize_dynamic(source, {torch.nn.Linear}, dtype=torch.qint8,
                                      inplace=inplace)
     return HFCausalLM(quantized, model.tokenizer, name=f"{model.name}+int8")
+
+
+def _check_int8(name: str, device: torch.device, dtype: torch.dtype) -> None:
+    if device.type != "cpu":
+        raise ValueError(f"int8 dynamic quantization runs on the CPU only; {name} is on {device}")
+    if dtype != torch.float32:
+        raise ValueError(f"int8 dynamic quantization needs float32 weights; {name} is "
+                         f"{dtype} (use --dtype float32)")
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:

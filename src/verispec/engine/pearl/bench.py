@@ -26,7 +26,7 @@ from verispec.api import generate
 from verispec.engine.pearl.coordinator import PearlEngine
 from verispec.engine.pearl.timeline import draw_timeline
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.loading import load_model
+from verispec.models.loading import load_model, resolve_dtype
 from verispec.sampling import Sampling
 
 __all__ = ["main"]
@@ -108,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     target = load_model(args.target, dtype=args.dtype, progress=log)
     draft = load_model(args.draft, dtype=args.dtype, progress=log)
-    hf_model = getattr(target, "model", None)
-    if isinstance(hf_model, torch.nn.Module):  # report the precision auto chose
-        args.dtype = str(next(hf_model.parameters()).dtype).removeprefix("torch.")
+    if hasattr(target, "model"):  # a transformers model: report the precision auto chose
+        args.dtype = str(resolve_dtype(args.dtype, target.device)[0]).removeprefix("torch.")
     encoded = [list(target.tokenizer.encode(p)) for p in _prompts(args.prompts)]  # type: ignore[attr-defined]
     results: dict[str, Any] = {"threads_main": torch.get_num_threads(), "runs": {}}
     with PearlEngine(target, draft) as engine:
