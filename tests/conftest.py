@@ -8,7 +8,7 @@ from uniform and greedy argmax gaps (~1e-2) dwarf float32 noise (~1e-6).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -104,3 +104,12 @@ def tiny(tiny_modules: dict[str, Any]) -> Callable[[str], HFCausalLM]:
 def tiny_foreign_tokenizer(tiny_modules: dict[str, Any]) -> HFCausalLM:
     """The "other" model with a tokenizer whose vocabulary differs (same vocab size)."""
     return wrap_tiny(tiny_modules["other"], "tiny-foreign", TinyTokenizer(prefix="u"))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: torch's intra-op threads only add contention (10x slower on 2 cores)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

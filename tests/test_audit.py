@@ -17,12 +17,17 @@ from typing import Any
 import pytest
 import torch
 
+from verispec.checks import TOLERANCE
 from verispec.cli import main
 from verispec.drafters.beam import BeamDrafter
-from verispec.engine.loop import speculative_generate
+from verispec.engine.loop import generate_one
+from verispec.engine.request import Request
 from verispec.methods import METHODS, build_method
-from verispec.sampling import Sampling
-from verispec.theory.audit import TOLERANCE, audit, audit_models, load_user_function
+from verispec.sampling import Randomness, Sampling
+from verispec.engine.protocols import SingleDraftMethod
+from verispec.theory import audit as audit_module
+from verispec.theory.audit import audit, audit_models, load_user_function, method_law
+from verispec.theory.replay import engine_law, marginal
 from verispec.verify import VerifyPlan, VerifyResult, draw, token_plan, token_verify
 
 MODULE = __name__  # user verifiers below are referenced as f"{MODULE}:name"
@@ -74,8 +79,8 @@ LOSSLESS: list[tuple[str, dict[str, Any]]] = [
     ("greedy-block", {}),
     ("multidraft", {"num_drafts": 2}),
     ("lossy", {"epsilon": 0.0, "residual": "opt"}),
-    ("pearl", {"window_verifier": "block"}),
-    ("pearl", {"window_verifier": "token"}),
+    ("pearl", {"verifier": "block"}),
+    ("pearl", {"verifier": "token"}),
 ]
 
 
@@ -117,6 +122,26 @@ def test_draft_stop_is_lossless() -> None:
             assert r.lossless and r.ok and r.max_abs_error <= TOLERANCE
     with pytest.raises(ValueError, match="draft-stop"):
         audit("multidraft", draft_stop=0.5)
+
+
+def test_bracketed_options_are_the_keyword_options() -> None:
+    for spec, options in (("lossy[epsilon=0.2,residual=target]",
+                           {"epsilon": 0.2, "residual": "target"}),
+                          ("multidraft[num_drafts=3]", {"num_drafts": 3}),
+                          ("pearl[verifier=token,post_verify=false]",
+                           {"verifier": "token", "post_verify": False})):
+        name = spec.split("[")[0]
+        bracketed = audit(spec, vocab=2, gamma=2, length=3, seed=3, with_laws=True)
+        keyword = audit(name, vocab=2, gamma=2, length=3, seed=3, with_laws=True, **options)
+        assert bracketed.laws == keyword.laws and bracketed.max_abs_error == keyword.max_abs_error
+        assert bracketed.claims_lossless == keyword.claims_lossless
+    differs = audit("multidraft[num_drafts=3]", vocab=2, gamma=2, length=3, seed=3, with_laws=True)
+    default = audit("multidraft", vocab=2, gamma=2, length=3, seed=3, with_laws=True)
+    assert differs.expected_tokens_per_iteration != default.expected_tokens_per_iteration
+    with pytest.raises(ValueError, match="given twice"):
+        audit("lossy[epsilon=0.2]", epsilon=0.1)
+    with pytest.raises(TypeError, match="does not take"):
+        audit("token[epsilon=0.2]")
 
 
 def test_audit_covers_every_registered_method() -> None:
@@ -220,27 +245,43 @@ def test_user_verifier_errors_are_clear() -> None:
         audit("token", vocab=2, prompt=(5,))
     with pytest.raises(ValueError, match="too many to enumerate"):
         audit("multidraft", vocab=10, gamma=4, length=6, num_drafts=2)
+    with pytest.raises(ValueError, match="too many to enumerate"):
+        audit("multidraft[num_drafts=2]", vocab=10, gamma=4, length=6)
+    target, draft = audit_models("random", 3, 0)
+    with pytest.raises(ValueError, match="declares none"):  # a method outside the table
+        method_law(SingleDraftMethod("custom", token_plan), target, draft, [0], gamma=2,
+                   sampling=Sampling(), length=3)
+    assert audit_module.TOLERANCE == TOLERANCE == 1e-12
 
 
 # ----- the exact laws agree with the real engine ---------------------------------------------
 
 def test_mjsd_law_matches_the_real_engine() -> None:
-    """The audit's MJSD law (enumeration with the real beam search) vs engine samples."""
+    """The audit's MJSD law (enumeration with the real beam search) vs the real engine: its
+    exact law by replaying every random decision, and samples."""
     target, draft = audit_models("random", 3, 7)
     method = build_method("mjsd", num_beams=2, threshold=0.3)
     sampling = method.adjust_sampling(Sampling())
     r = audit("mjsd", vocab=3, gamma=2, length=3, seed=7, num_beams=2, threshold=0.3, with_laws=True)
     assert r.laws is not None
     law = {tuple(int(t) for t in k.split(",")): v for k, v in r.laws["method"].items()}
+
+    def run(randoms: list[Randomness]) -> list[list[int]]:
+        request = Request([0], method, sampling, 3, randoms[0], 2, BeamDrafter(draft, 2))
+        return [generate_one(target, request).tokens]
+
+    replayed = marginal(engine_law(run, rows=1), 0)
+    assert max(abs(replayed.get(k, 0.0) - law.get(k, 0.0)) for k in set(law) | set(replayed)) \
+        <= TOLERANCE
     n = 700
     counts: Counter[tuple[int, ...]] = Counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only slow the engine down
     try:
         for i in range(n):
-            out = speculative_generate(target, BeamDrafter(draft, sampling, 2), [0], method=method,
-                                       gamma=2, sampling=sampling, max_new_tokens=3,
-                                       generator=torch.Generator().manual_seed(i))
+            out = generate_one(target, Request([0], method, sampling, 3,
+                                               Randomness(torch.Generator().manual_seed(i)), 2,
+                                               BeamDrafter(draft, 2)))
             counts[tuple(out.tokens)] += 1
     finally:
         torch.set_num_threads(threads)
@@ -270,6 +311,8 @@ def test_cli_audit_json_and_exit_status(tmp_path: Any) -> None:
     assert code == 1 and json.loads(out)["lossless"] is False and "claims to be lossless" in err
     code, out, _ = _run(["audit", "--method", "lossy", "--eps", "0.3", "--json"])
     assert code == 0 and json.loads(out)["lossless"] is False
+    code, bracketed, _ = _run(["audit", "--method", "lossy[epsilon=0.3]", "--json"])
+    assert code == 0 and json.loads(bracketed)["max_abs_error"] == json.loads(out)["max_abs_error"]
     png = tmp_path / "audit.png"
     code, out, _ = _run(["audit", "--method", "pearl", "--verifier", "token", "--seeds", "3",
                          "--json", "--plot", str(png)])

@@ -276,7 +276,9 @@ def test_score_nll_and_seeds_and_memory():
     target = ContextIndependentLM([1 / 3, 2 / 3])
     nll = score_nll(target, [1, 0], [0, 1, 1])
     assert nll == pytest.approx(-(math.log(1 / 3) + 2 * math.log(2 / 3)), abs=1e-12)
-    assert target.length == 0  # the cache is left empty
+    assert target.rows == 0  # the cache is left empty (no rows)
+    target.add_rows([[0, 1]])  # a model that holds rows is scored the same, and emptied
+    assert score_nll(target, [1, 0], [0, 1, 1]) == nll and target.rows == 0
     assert derive_seed(1, 0, "a") == derive_seed(1, 0, "a") != derive_seed(1, 1, "a")
     before = measure.rss_bytes()
     with MemoryMeter("cpu", interval_s=0.001) as mem:
@@ -390,10 +392,6 @@ def test_rows_and_reports_of_a_toy_run(tmp_path: Path, toy_suite: Path):
 
 
 def test_batched_configs_reuse_the_single_prompt_outputs(tmp_path: Path, toy_suite: Path):
-    from verispec.bench.runner import batched_generate
-
-    if batched_generate() is None:
-        pytest.skip("batched decoding is not in this build")
     s = settings(tmp_path / "o", toy_suite, methods=parse_methods("ar,block"),
                  temperatures=[1.0], gammas=[3], repeats=1, batch_sizes=[1, 2])
     summary = run_benchmark(s, target=toy_pair()[0], draft=toy_pair()[1], err=io.StringIO())
@@ -466,8 +464,27 @@ def test_cli_bench_with_legacy_aliases(tmp_path: Path, toy_suite: Path):
     assert {r["gamma"] for r in summary["rows"] if r["method"] == "block"} == {2, "auto"}
     assert "| block | auto |" in out  # γ = auto: the method's default, named as such
     assert summary["meta"]["prompts_per_category"] == {"alpha": 1, "beta": 1}
+    meta = summary["meta"]
+    assert meta["precision_note"] == "target float64, draft float64" and "dtype_note" not in meta
+    precisions = (meta["precision"], meta["target_precision"], meta["draft_precision"])
+    assert precisions == ("auto", None, None)
     code, _, err = run_cli("bench", *TOY, "--methods", "nope", "--out", str(tmp_path / "x"))
     assert code == 2 and "unknown method" in err
+
+
+@pytest.mark.parametrize("flag", ["--dtype", "--draft-quantize"])
+def test_cli_bench_precision_flags_replace_dtype_and_quantize(tmp_path: Path, flag: str,
+                                                              capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as info:
+        run_cli("bench", *TOY, flag, "float32", "--out", str(tmp_path / "o"))
+    assert info.value.code == 2 and f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    parser_help = io.StringIO()
+    from verispec.cli import build_parser
+
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]  # type: ignore[union-attr]
+    bench.print_help(parser_help)
+    for new in ("--precision", "--target-precision", "--draft-precision"):
+        assert new in parser_help.getvalue()
 
 
 def test_compare_prints_per_metric_ratios(tmp_path: Path):

@@ -2,8 +2,9 @@
 
 The draft ends early where the draft model's own top next-token probability (unwarped) is
 below a threshold, so its length is a stopping time of the draft prefix. Exact enumeration
-shows token and block verification stay lossless with it; the engine shows it really
-shortens drafts and keeps greedy output identical to autoregressive decoding.
+shows token and block verification stay lossless with it (the engine itself, replayed, in
+``test_engine_exact.py``); the engine shows it really shortens drafts and keeps greedy output
+identical to autoregressive decoding.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import verispec
 from verispec.drafters.model import ModelDrafter
 from verispec.models.hf import HFCausalLM
 from verispec.models.toy import MarkovLM, RandomContextLM, TableLM
-from verispec.sampling import Sampling
+from verispec.sampling import Randomness, Sampling
 from verispec.theory import speculative_law, target_law, tv_distance
 from verispec.verify import VerifyPlan, block_plan, token_plan
 
@@ -79,16 +80,26 @@ def test_enumeration_with_stops_still_catches_a_wrong_verifier() -> None:
     assert tv_distance(got, target_law(target, prompt, Sampling(), 4)) > 1e-3
 
 
+class _Row:
+    """The drafter's view of a request."""
+
+    def __init__(self, ctx: list[int], random: Randomness) -> None:
+        self.id, self.context, self.random, self.sampling = 0, ctx, random, Sampling()
+        self.num_drafts, self.with_next, self.matching = 1, False, False
+
+
 def test_drafter_stops_where_the_draft_doubts() -> None:
     draft = RandomContextLM(4, 7)
     ctx = [2, 1]
     threshold = _median_confidence(draft, tuple(ctx))
-    drafter = ModelDrafter(draft, Sampling(), stop_below=threshold)
-    g = torch.Generator().manual_seed(0)
+    drafter = ModelDrafter(draft, stop_below=threshold)
+    random = Randomness(torch.Generator().manual_seed(0))
     lengths = []
     for _ in range(200):
-        drafter.begin(ctx)
-        d = drafter.propose(ctx, 5, g)
+        row = _Row(ctx, random)
+        drafter.admit([row])
+        d = drafter.propose([row], [5])[0]
+        drafter.release([row])
         toks = d.tokens[0].tolist()
         lengths.append(len(toks))
         # Independent check of the rule: every prefix before the end was confident,
@@ -99,6 +110,7 @@ def test_drafter_stops_where_the_draft_doubts() -> None:
             assert float(draft.next_probs(tuple(ctx + toks)).max()) < threshold
         # q rows are exactly the draft's distributions along the path.
         for i in range(len(toks)):
+            assert d.probs is not None
             assert torch.allclose(d.probs[0, i], draft.next_probs(tuple(ctx + toks[:i])),
                                   atol=1e-15)
     assert min(lengths) >= 1 and 1 < len(set(lengths))
@@ -107,12 +119,12 @@ def test_drafter_stops_where_the_draft_doubts() -> None:
 def test_greedy_identity_and_shorter_drafts_on_tiny_hf(tiny: Callable[[str], HFCausalLM]
                                                         ) -> None:
     prompt = [5, 17, 3, 42, 8, 8, 30]
-    ar = verispec.generate(tiny("target"), None, prompt, verifier="ar", temperature=0,
+    ar = verispec.generate(tiny("target"), None, prompt, method="ar", temperature=0,
                            max_new_tokens=30)
-    for verifier in ("token", "block"):
-        full = verispec.generate(tiny("target"), tiny("close"), prompt, verifier=verifier,
+    for method in ("token", "block"):
+        full = verispec.generate(tiny("target"), tiny("close"), prompt, method=method,
                                  gamma=6, temperature=0, max_new_tokens=30)
-        short = verispec.generate(tiny("target"), tiny("close"), prompt, verifier=verifier,
+        short = verispec.generate(tiny("target"), tiny("close"), prompt, method=method,
                                   gamma=6, temperature=0, max_new_tokens=30, draft_stop=0.5)
         assert short.tokens == ar.tokens == full.tokens
         assert short.stats.drafted_total < full.stats.drafted_total
@@ -123,9 +135,11 @@ def test_draft_stop_errors() -> None:
     target, draft = RandomContextLM(4, 1), RandomContextLM(4, 2)
     for bad in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="draft stop threshold"):
-            verispec.generate(target, draft, [0], verifier="block", gamma=3, draft_stop=bad)
+            verispec.generate(target, draft, [0], method="block", gamma=3, draft_stop=bad)
     with pytest.raises(ValueError, match="draft_stop works with"):
-        verispec.generate(target, draft, [0], verifier="multidraft", gamma=3, draft_stop=0.5)
+        verispec.generate(target, draft, [0], method="multidraft", gamma=3, draft_stop=0.5)
     with pytest.raises(ValueError, match="draft_stop works with"):
-        verispec.generate(target, draft, [0, 1, 0], verifier="block", gamma=3,
+        verispec.generate(target, draft, [0, 1, 0], method="block", gamma=3,
                           drafter="ngram", draft_stop=0.5)
+    with pytest.raises(ValueError, match="draft_stop works with"):
+        verispec.generate(target, draft, [0], method="mjgd", gamma=3, draft_stop=0.5)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.bench import energy
-from verispec.bench.energy import EnergyMeter, rapl_packages
+from verispec.telemetry import energy
+from verispec.telemetry.energy import EnergyMeter, rapl_packages
 
 
 def _domain(root: Path, dirname: str, name: str, energy_uj: int, max_uj: int = 10**9) -> Path:

@@ -36,12 +36,12 @@ class PoisonedLM(RandomContextLM):
         return probs
 
 
-@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize("gamma", [0, -1])
-def test_gamma_below_one(verifier: str, gamma: int) -> None:
+def test_gamma_below_one(method: str, gamma: int) -> None:
     target, draft = _toys()
     with pytest.raises(ValueError, match="gamma must be >= 1"):
-        verispec.generate(target, draft, [0], verifier=verifier, gamma=gamma)
+        verispec.generate(target, draft, [0], method=method, gamma=gamma)
 
 
 @pytest.mark.parametrize("options, match", [
@@ -57,7 +57,7 @@ def test_gamma_below_one(verifier: str, gamma: int) -> None:
 def test_bad_sampling_parameters(options: dict, match: str) -> None:
     target, draft = _toys()
     with pytest.raises(ValueError, match=match):
-        verispec.generate(target, draft, [0], verifier="block", gamma=2, **options)
+        verispec.generate(target, draft, [0], method="block", gamma=2, **options)
     with pytest.raises(ValueError, match=match):
         Sampling(**options)
 
@@ -69,7 +69,7 @@ def test_non_finite_logits(value: float, poisoned: str) -> None:
     good = RandomContextLM(4, seed=4)
     target, draft = (bad, good) if poisoned == "target" else (good, bad)
     with pytest.raises(NonFiniteLogitsError, match="non-finite logits"):
-        verispec.generate(target, draft, [0, 1, 2], verifier="token", gamma=2,
+        verispec.generate(target, draft, [0, 1, 2], method="token", gamma=2,
                           max_new_tokens=5)
 
 
@@ -82,7 +82,7 @@ def test_all_minus_inf_row_is_non_finite() -> None:
 def test_empty_prompt(prompt: list | str) -> None:
     target, draft = _toys()
     with pytest.raises(ValueError, match="empty"):
-        verispec.generate(target, draft, prompt, verifier="block", gamma=2)
+        verispec.generate(target, draft, prompt, method="block", gamma=2)
 
 
 @pytest.mark.parametrize("prompt_len", [8, 11])
@@ -90,14 +90,34 @@ def test_prompt_longer_than_context(prompt_len: int) -> None:
     target = RandomContextLM(4, seed=1, max_length=8)
     draft = RandomContextLM(4, seed=2, max_length=8)
     with pytest.raises(ContextTooLongError, match="context window"):
-        verispec.generate(target, draft, [1] * prompt_len, verifier="block", gamma=2)
+        verispec.generate(target, draft, [1] * prompt_len, method="block", gamma=2)
 
 
 def test_extend_past_context_window() -> None:
     model = RandomContextLM(4, seed=1, max_length=5)
+    with pytest.raises(ContextTooLongError, match="exceed the context window"):
+        model.add_rows([[0, 1, 2, 3, 0, 1]])  # a prefill longer than the window
+    model.add_rows([[]])
     model.extend(torch.tensor([0, 1, 2]))
     with pytest.raises(ContextTooLongError, match="exceed the context window"):
         model.extend(torch.tensor([0, 1, 2]))
+    model.add_rows([[3]])  # a second row: each row is checked against the window
+    with pytest.raises(ContextTooLongError, match="exceed the context window"):
+        model.extend([[0, 1, 2], [0]])
+    assert model.lengths == [3, 1]  # nothing was appended by the refused passes
+
+
+def test_extend_needs_one_token_list_per_row() -> None:
+    model = RandomContextLM(4, seed=1)
+    with pytest.raises(ValueError, match="the cache has 0"):
+        model.extend([0, 1])  # a model starts with no rows
+    model.add_rows([[0], [1, 2]])
+    with pytest.raises(ValueError, match="got tokens for 1 rows, the cache has 2"):
+        model.extend([0, 1])
+    with pytest.raises(ValueError, match="at least one token"):
+        model.extend([[], []])
+    with pytest.raises(ValueError, match="token id outside"):
+        model.extend([[4], [0]])
 
 
 def test_missing_model_path() -> None:
@@ -108,7 +128,7 @@ def test_missing_model_path() -> None:
 def test_different_vocabularies() -> None:
     with pytest.raises(IncompatibleModelsError, match="vocabulary sizes differ"):
         verispec.generate(RandomContextLM(4, seed=1), RandomContextLM(5, seed=2), [0],
-                          verifier="block", gamma=2, drafter="model")
+                          method="block", gamma=2, drafter="model")
 
 
 def test_different_tokenizers(tiny: Callable[[str], HFCausalLM],
@@ -116,17 +136,27 @@ def test_different_tokenizers(tiny: Callable[[str], HFCausalLM],
     target, draft = tiny("target"), tiny_foreign_tokenizer
     assert target.vocab_size == draft.vocab_size  # only the tokenizers differ
     with pytest.raises(IncompatibleModelsError, match="tokenizers differ"):
-        verispec.generate(target, draft, [1, 2, 3], verifier="token", gamma=2)
+        verispec.generate(target, draft, [1, 2, 3], method="token", gamma=2)
 
 
-def test_unknown_verifier_and_bad_budget() -> None:
+def test_unknown_method_options_and_bad_budget() -> None:
     target, draft = _toys()
-    with pytest.raises(ValueError, match="unknown verifier"):
-        verispec.generate(target, draft, [0], verifier="nope")
+    with pytest.raises(ValueError, match="unknown method"):
+        verispec.generate(target, draft, [0], method="nope")
+    with pytest.raises(ValueError, match="only pearl takes a verifier"):
+        verispec.generate(target, draft, [0], method="block", verifier="token")
+    with pytest.raises(ValueError, match="does not take the option"):
+        verispec.generate(target, draft, [0], method="block", epsilon=0.1)
+    with pytest.raises(ValueError, match="does not take the option"):
+        verispec.generate(target, draft, [0], method="block[epsilon=0.1]")
+    with pytest.raises(ValueError, match="in brackets at the end"):
+        verispec.generate(target, draft, [0], method="lossy[epsilon=0.1")
+    with pytest.raises(ValueError, match="not key=value"):
+        verispec.generate(target, draft, [0], method="lossy[0.1]")
     with pytest.raises(ValueError, match="max_new_tokens"):
-        verispec.generate(target, draft, [0], verifier="block", gamma=2, max_new_tokens=0)
+        verispec.generate(target, draft, [0], method="block", gamma=2, max_new_tokens=0)
     with pytest.raises(ValueError, match="drafter must be"):
-        verispec.generate(target, draft, [0], verifier="block", gamma=2, drafter="oracle")
+        verispec.generate(target, draft, [0], method="block", gamma=2, drafter="oracle")
 
 
 # --------------------------------------------------------------------------------------

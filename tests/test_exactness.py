@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import accept_tokens
+from verispec.engine.request import accept_tokens
 from verispec.models.toy import MarkovLM, RandomContextLM, TableLM
 from verispec.sampling import Sampling
 from verispec.theory import expected_accepted, speculative_law, target_law, tv_distance, warped

@@ -25,12 +25,12 @@ import torch
 from scipy.stats import chisquare
 
 import verispec
-import verispec.theory.greedy_block as theory_gb
-from verispec.drafters.base import Draft
+import verispec.methods.greedy_block as method_gb
+from verispec.engine.protocols import VerifyBatch
 from verispec.methods import METHODS, build_method
 from verispec.methods.greedy_block import GreedyBlockMethod
 from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM, TableLM
-from verispec.sampling import Sampling
+from verispec.sampling import Randomness, Sampling
 from verispec.theory.exact import Law, expected_accepted, target_law, warped
 from verispec.theory.greedy_block import coupling_bound, greedy_block_law
 from verispec.verify import plan_law
@@ -202,7 +202,7 @@ def test_output_law_equals_target(vocab: int, gamma: int, length: int, sampling:
 
 def test_eos_and_infinite_ratios_are_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {"inf": 0, "layers": 0}
-    original = theory_gb.advance_modifications
+    original = method_gb.advance_modifications
 
     def spy(*args: object) -> Modifications:
         mods = original(*args)  # type: ignore[arg-type]
@@ -210,7 +210,7 @@ def test_eos_and_infinite_ratios_are_exercised(monkeypatch: pytest.MonkeyPatch) 
         seen["layers"] = max(seen["layers"], mods.num_layers)
         return mods
 
-    monkeypatch.setattr(theory_gb, "advance_modifications", spy)
+    monkeypatch.setattr(method_gb, "advance_modifications", spy)
     sampling = Sampling(1.0, top_k=2)
     target = RandomContextLM(3, 5, eos_token_id=2)
     draft = RandomContextLM(3, 6, eos_token_id=2)
@@ -262,7 +262,7 @@ def test_modified_target_after_rejecting_aa_is_a_point_mass_on_b() -> None:
 
 def test_older_layers_matter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Algorithm 6 modifies the *current* target: keeping only the newest layer is biased."""
-    original = theory_gb.advance_modifications
+    original = method_gb.advance_modifications
 
     def newest_only(*args: object) -> Modifications:
         mods = original(*args)  # type: ignore[arg-type]
@@ -272,7 +272,7 @@ def test_older_layers_matter(monkeypatch: pytest.MonkeyPatch) -> None:
     exact = target_law(target, [0], T1, 5)
     right = greedy_block_law(target, draft, [0], gamma=3, sampling=T1, length=5)
     assert max_diff(right, exact) < 1e-12
-    monkeypatch.setattr(theory_gb, "advance_modifications", newest_only)
+    monkeypatch.setattr(method_gb, "advance_modifications", newest_only)
     wrong = greedy_block_law(target, draft, [0], gamma=3, sampling=T1, length=5)
     assert max_diff(wrong, exact) > 1e-6
 
@@ -292,11 +292,11 @@ def one_thread() -> Iterator[None]:
 RUNS = 2000
 
 
-def engine_p_value(verifier: str, target: TableLM, draft: TableLM, gamma: int, length: int,
+def engine_p_value(method: str, target: TableLM, draft: TableLM, gamma: int, length: int,
                    law: Law) -> float:
     """Chi-square p-value of RUNS engine generations (seeds 0..RUNS-1) against ``law``."""
     counts = Counter(
-        tuple(verispec.generate(target, draft, [0], verifier=verifier, gamma=gamma,
+        tuple(verispec.generate(target, draft, [0], method=method, gamma=gamma,
                                 max_new_tokens=length, seed=seed).tokens)
         for seed in range(RUNS)
     )
@@ -329,26 +329,40 @@ def test_engine_negative_control_unmodified_is_rejected() -> None:
     assert engine_p_value("greedy-block-unmodified", target, draft, 2, 3, biased) > 1e-3
 
 
-def test_method_state_and_reset() -> None:
+def _one_row_batch(p: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
+                   next_probs: torch.Tensor | None, state: Modifications,
+                   gen: torch.Generator) -> VerifyBatch:
+    """One request's iteration as the engine hands it to a method: p [1, γ+1, V],
+    tokens [1, γ], q [1, γ, V], next_probs [1, V] or None."""
+    return VerifyBatch(p[None], probs[None], tokens[None], torch.tensor([tokens.shape[1]]),
+                       None if next_probs is None else next_probs[None], None,
+                       [Randomness(gen)], [state])
+
+
+def test_method_state_per_request() -> None:
     target, draft = ab_models()
     method = GreedyBlockMethod()
     assert method.lossless and method.needs_next_probs and method.name == "greedy-block"
     p = target.table.expand(1, 3, 2).clone()
-    d = Draft(tokens=torch.tensor([[A, A]]), probs=draft.table.expand(1, 2, 2).clone(),
-              next_probs=draft.table[None].clone())
+    tokens, probs = torch.tensor([[A, A]]), draft.table.expand(1, 2, 2).clone()
+    after = draft.table[None].clone()
     gen = torch.Generator().manual_seed(0)
+    fresh = method.new_state()
+    assert isinstance(fresh, Modifications) and fresh.num_layers == 0
     for _ in range(100):  # τ = 0 (reject AA, Y = B) has probability 3/4
-        result = method.verify(p, d, gen)
+        batch = _one_row_batch(p, tokens, probs, after, method.new_state(), gen)
+        result = method.verify(batch)
         if int(result.num_accepted[0]) == 0:
             break
-        method.reset()
     assert int(result.next_token[0]) == B
-    assert method.modifications.num_layers == 1
-    assert method.modifications.remaining.tolist() == [[1]]
-    method.reset()
-    assert method.modifications.num_layers == 0
+    state = batch.states[0]  # the method replaced the request's state in place
+    assert state.num_layers == 1
+    assert state.remaining.tolist() == [[1]]
+    assert method.new_state().num_layers == 0 and fresh.num_layers == 0  # nothing shared
+    # A layer that reaches the end of the block needs q after it: no next_probs, an error.
+    reaching = Modifications(torch.tensor([[0.5]], dtype=torch.float64), torch.tensor([[3]]))
     with pytest.raises(ValueError, match="next_probs"):
-        method.verify(p, Draft(tokens=d.tokens, probs=d.probs), gen)
+        method.verify(_one_row_batch(p, tokens, probs, None, reaching, gen))
 
 
 # ---------------------------------------------------------------- registry and errors
@@ -360,6 +374,10 @@ def test_registry_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "BIASED" in METHODS["greedy-block-unmodified"].summary
     assert build_method("greedy-block").lossless
     assert not build_method("greedy-block-unmodified").lossless
+    for name in ("greedy-block", "greedy-block-unmodified"):
+        info = METHODS[name]
+        assert info.options() == {} and info.batchable and info.law is not None
+        assert not build_method(name).matches_at_greedy  # p is modified: not plain matching
     from verispec.cli import build_parser
 
     with pytest.raises(SystemExit):
@@ -384,9 +402,9 @@ def test_invalid_parameters() -> None:
     with pytest.raises(ValueError, match="length"):
         greedy_block_law(target, draft, [A], gamma=1, sampling=T1, length=0)
     with pytest.raises(ValueError, match="gamma"):
-        verispec.generate(target, draft, [A], verifier="greedy-block", gamma=0)
+        verispec.generate(target, draft, [A], method="greedy-block", gamma=0)
     with pytest.raises(ValueError, match="n-gram"):  # q must be a fixed function of the context
-        verispec.generate(target, draft, [A, B, A, B], verifier="greedy-block", drafter="ngram",
+        verispec.generate(target, draft, [A, B, A, B], method="greedy-block", drafter="ngram",
                           max_new_tokens=4)
     with pytest.raises(TypeError):  # the registry's convention for unknown options
         build_method("greedy-block", epsilon=0.1)

@@ -27,8 +27,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def pair_fp32():
-    target = load_model(DEFAULT_TARGET, dtype="float32")
-    draft = load_model(DEFAULT_DRAFT, dtype="float32")
+    target = load_model(DEFAULT_TARGET, precision="float32")
+    draft = load_model(DEFAULT_DRAFT, precision="float32")
     return target, draft
 
 
@@ -42,32 +42,34 @@ def test_pair_shares_vocabulary(pair_fp32):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_is_identical_to_autoregressive_fp32(pair_fp32, prompt):
     target, draft = pair_fp32
-    ar = generate(target, None, prompt, verifier="ar", temperature=0, max_new_tokens=24)
-    for verifier, drafter in (("token", "model"), ("block", "model"), ("block", "ngram")):
-        spec = generate(target, draft, prompt, verifier=verifier, drafter=drafter, gamma=5,
+    ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=24)
+    for method, drafter in (("token", "model"), ("block", "model"), ("block", "ngram")):
+        spec = generate(target, draft, prompt, method=method, drafter=drafter, gamma=5,
                         temperature=0, max_new_tokens=24)
-        assert spec.tokens == ar.tokens, (verifier, drafter, spec.text, ar.text)
+        assert spec.tokens == ar.tokens, (method, drafter, spec.text, ar.text)
     assert len(ar.tokens) == 24 or ar.tokens[-1] in target.eos_token_ids
 
 
 def test_rollback_matches_fresh_prefill_on_real_model(pair_fp32):
     _, draft = pair_fp32
-    ids = torch.tensor(draft.tokenizer.encode("def add(a, b):\n    return a + b\n"))
+    ids = draft.tokenizer.encode("def add(a, b):\n    return a + b\n")
     draft.reset()
-    draft.extend(ids[:6], num_logits=1)
-    draft.extend(torch.tensor([11, 12, 13]))  # a rejected continuation
+    draft.add_rows([ids[:5]])
+    draft.extend([ids[5:6]], num_logits=1)
+    draft.extend([[11, 12, 13]])  # a rejected continuation
     draft.rollback(6)
-    after = draft.extend(ids[6:])
+    after = draft.extend([ids[6:]])[0]
     draft.reset()
-    fresh = draft.extend(ids)[6:]
+    draft.add_rows([[]])
+    fresh = draft.extend([ids])[0, 6:]
     torch.testing.assert_close(after.float(), fresh.float(), atol=2e-4, rtol=1e-4)
 
 
 def test_sampled_run_is_seeded_and_lossless_flagged(pair_fp32):
     target, draft = pair_fp32
-    a = generate(target, draft, PROMPTS[0], verifier="block", gamma=4, temperature=1.0,
+    a = generate(target, draft, PROMPTS[0], method="block", gamma=4, temperature=1.0,
                  seed=7, max_new_tokens=12)
-    b = generate(target, draft, PROMPTS[0], verifier="block", gamma=4, temperature=1.0,
+    b = generate(target, draft, PROMPTS[0], method="block", gamma=4, temperature=1.0,
                  seed=7, max_new_tokens=12)
     assert a.tokens == b.tokens and len(a.tokens) > 0
     assert a.stats.lossless and a.stats.target_calls == a.stats.iterations

@@ -260,8 +260,16 @@ def test_invalid_residual_and_options() -> None:
     with pytest.raises(TypeError):
         build_method("lossy", num_drafts=2)
     with pytest.raises(ValueError, match="epsilon"):
-        verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", verifier="lossy",
+        verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", method="lossy",
                           epsilon=-0.2, gamma=3, max_new_tokens=5)
+    with pytest.raises(ValueError, match="epsilon"):
+        verispec.generate("toy:random:4:1", "toy:random:4:2", "AB",
+                          method="lossy[epsilon=-0.2]", gamma=3, max_new_tokens=5)
+    with pytest.raises(ValueError, match="residual"):
+        build_method("lossy[residual=draft]")
+    with pytest.raises(ValueError, match="verifier"):  # only PEARL takes a window verifier
+        verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", method="lossy",
+                          verifier="token", gamma=3, max_new_tokens=5)
 
 
 # ----------------------------------------------------------------------- method, engine
@@ -270,6 +278,8 @@ def test_invalid_residual_and_options() -> None:
 def test_registry_entry_and_docstrings() -> None:
     info = METHODS["lossy"]
     assert info.lossless is False and "NOT lossless" in info.summary
+    assert info.options() == {"epsilon": 0.1, "residual": "opt"}
+    assert info.batchable and info.law is not None and info.runner is None
     assert "opt" in info.summary and "target" in info.summary and "\n" not in info.summary
     for doc in (LossyMethod.__doc__, lossy_verify.__doc__, lossy_plan.__doc__):
         assert doc is not None and "lossless" in doc
@@ -278,22 +288,27 @@ def test_registry_entry_and_docstrings() -> None:
     assert isinstance(m, LossyMethod) and (m.epsilon, m.residual, m.lossless) == (0.1, "opt", False)
     assert build_method("lossy", epsilon=0).lossless is True
     assert build_method("lossy", epsilon=0, residual="target").lossless is False
+    bracketed = build_method("lossy[epsilon=0.05,residual=target]")
+    assert (bracketed.epsilon, bracketed.residual, bracketed.lossless) == (0.05, "target", False)  # type: ignore[attr-defined]
 
 
 def test_engine_end_to_end() -> None:
     kw: dict[str, int] = {"gamma": 3, "max_new_tokens": 20}
-    lossy = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", verifier="lossy",
+    lossy = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", method="lossy",
                               epsilon=0.2, **kw)
     assert len(lossy.tokens) == 20 and not lossy.stats.lossless
     assert lossy.stats.bias_tv_sum > 0.05
     assert "Σ TV" in lossy.stats.summary()
-    uno = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", verifier="lossy",
+    uno = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", method="lossy",
                             epsilon=0.2, residual="target", **kw)
     assert uno.stats.bias_tv_sum > 0.05
+    bracketed = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB",
+                                  method="lossy[epsilon=0.2,residual=target]", **kw)
+    assert bracketed.tokens == uno.tokens and bracketed.stats.bias_tv_sum == uno.stats.bias_tv_sum
     for seed in range(4):
-        a = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", verifier="lossy",
+        a = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", method="lossy",
                               epsilon=0.0, seed=seed, **kw)
-        t = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", verifier="token",
+        t = verispec.generate("toy:random:4:1", "toy:random:4:2", "AB", method="token",
                               seed=seed, **kw)
         assert a.tokens == t.tokens and a.stats.tau_histogram == t.stats.tau_histogram
         assert a.stats.lossless and abs(a.stats.bias_tv_sum) < 1e-12

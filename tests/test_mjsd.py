@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -17,12 +18,15 @@ import torch
 from torch import Tensor
 
 import verispec
+from verispec.drafters.base import Draft
 from verispec.drafters.beam import BeamDrafter, beam_search, top_candidates
-from verispec.engine.loop import speculative_generate
+from verispec.engine.loop import generate_one
+from verispec.engine.protocols import VerifyBatch
+from verispec.engine.request import Request
 from verispec.methods import METHODS, build_method
 from verispec.methods.mjsd import MJGDMethod, MJSDMethod, mjgd_generate, paper_sampling
 from verispec.models.toy import RandomContextLM, TableLM
-from verispec.sampling import Sampling
+from verispec.sampling import Randomness, Sampling
 from verispec.verify.mjsd import mjsd_accepted, mjsd_verify
 
 F64 = torch.float64
@@ -31,6 +35,28 @@ PLAIN = Sampling(temperature=1.0)
 
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class DraftRowStub:
+    """What a drafter sees of one request, outside the engine."""
+
+    context: list[int]
+    sampling: Sampling
+    id: int = 0
+    num_drafts: int = 1
+    with_next: bool = False
+    matching: bool = False
+    random: Randomness = field(default_factory=lambda: Randomness(gen()))
+
+
+def beam_propose(model: TableLM, sampling: Sampling, num_beams: int, ctx: Sequence[int],
+                 gamma: int, num_drafts: int = 1) -> Draft:
+    """One proposal of a fresh beam drafter for one request with context ``ctx``."""
+    drafter = BeamDrafter(model, num_beams=num_beams)
+    row = DraftRowStub(list(ctx), sampling, num_drafts=num_drafts)
+    drafter.admit([row])
+    return drafter.propose([row], [gamma])[0]
 
 
 class DictLM(TableLM):
@@ -167,8 +193,7 @@ def test_top_candidates_ties_and_infinities() -> None:
 def test_beam_drafter_equals_brute_force(sampling: Sampling) -> None:
     v, gamma, ctx = 4, 3, [1, 0, 2]
     draft = RandomContextLM(v, seed=13)
-    drafter = BeamDrafter(draft, sampling, num_beams=v**gamma)  # width V^γ: exact search
-    out = drafter.propose(ctx, gamma, gen())
+    out = beam_propose(draft, sampling, v**gamma, ctx, gamma)  # width V^γ: exact search
     joints = {block: warped_joint(draft, sampling, ctx, block)[-1]
               for block in itertools.product(range(v), repeat=gamma)}
     ranked = sorted(joints.values(), reverse=True)
@@ -183,14 +208,14 @@ def test_beam_drafter_equals_brute_force(sampling: Sampling) -> None:
     for _ in range(gamma):
         greedy.append(int(sampling.probs(draft.next_probs(tuple(c)).log()).argmax()))
         c.append(greedy[-1])
-    narrow = BeamDrafter(RandomContextLM(v, seed=13), sampling, num_beams=1).propose(ctx, gamma, gen())
+    narrow = beam_propose(RandomContextLM(v, seed=13), sampling, 1, ctx, gamma)
     assert narrow.tokens[0].tolist() == greedy
     assert joints[tuple(greedy)] < joints[best]  # the table makes beam search matter
 
 
 def test_beam_search_greedy_at_temperature_zero() -> None:
     draft = RandomContextLM(5, seed=12)
-    out = BeamDrafter(draft, Sampling(temperature=0.0), num_beams=8).propose([3], 4, gen())
+    out = beam_propose(draft, Sampling(temperature=0.0), 8, [3], 4)
     c, greedy = [3], []
     for _ in range(4):
         greedy.append(int(draft.next_probs(tuple(c)).argmax()))
@@ -201,10 +226,10 @@ def test_beam_search_greedy_at_temperature_zero() -> None:
 
 def test_joint_beats_per_token_choice() -> None:
     lm = joint_vs_greedy_lm()
-    wide = BeamDrafter(lm, PLAIN, num_beams=2).propose([0], 2, gen())
+    wide = beam_propose(lm, PLAIN, 2, [0], 2)
     assert wide.tokens[0].tolist() == [2, 0]
     assert torch.allclose(wide.joint[0], torch.tensor([0.4, 0.4 * 0.92], dtype=F64), atol=1e-12)
-    narrow = BeamDrafter(joint_vs_greedy_lm(), PLAIN, num_beams=1).propose([0], 2, gen())
+    narrow = beam_propose(joint_vs_greedy_lm(), PLAIN, 1, [0], 2)
     assert narrow.tokens[0].tolist()[0] == 1  # per-token greedy choice
     assert float(narrow.joint[0, -1]) < float(wide.joint[0, -1])
 
@@ -213,9 +238,9 @@ def test_engine_mjsd_and_mjgd_pick_higher_joint() -> None:
     t, d = joint_vs_greedy_lm(), joint_vs_greedy_lm()
     common: dict[str, Any] = {"prompt": [0], "gamma": 2, "max_new_tokens": 3, "temperature": 1.0,
                               "paper_warp": False}
-    mjsd = verispec.generate(t, d, verifier="mjsd", num_beams=2, **common)
-    mjgd = verispec.generate(t, None, verifier="mjgd", num_beams=2, **common)
-    greedy = verispec.generate(t, None, prompt=[0], verifier="ar", temperature=0.0, max_new_tokens=2)
+    mjsd = verispec.generate(t, d, method="mjsd", num_beams=2, **common)
+    mjgd = verispec.generate(t, None, method="mjgd", num_beams=2, **common)
+    greedy = verispec.generate(t, None, prompt=[0], method="ar", temperature=0.0, max_new_tokens=2)
     assert mjsd.tokens[:2] == [2, 0] and mjgd.tokens[:2] == [2, 0]
     assert mjsd.stats.tau_histogram == [0, 0, 1]  # the whole beam [2, 0] passed (p = q)
     assert greedy.tokens[0] == 1
@@ -230,59 +255,70 @@ def test_engine_mjsd_and_mjgd_pick_higher_joint() -> None:
 class CheckingDrafter(BeamDrafter):
     """Checks the draft cache after every feedback and every proposal against a fresh model."""
 
-    def __init__(self, seed: int, sampling: Sampling, num_beams: int) -> None:
-        super().__init__(RandomContextLM(6, seed=seed), sampling, num_beams)
+    def __init__(self, seed: int, num_beams: int) -> None:
+        super().__init__(RandomContextLM(6, seed=seed), num_beams)
         self.seed, self.checks = seed, 0
+        self.released: dict[int, Any] = {}  # request id -> its draft model, once finished
 
-    def propose(self, context, gamma, generator, *, num_drafts=1, with_next=False):  # type: ignore[no-untyped-def]
-        out = super().propose(context, gamma, generator)
-        fresh = BeamDrafter(RandomContextLM(6, seed=self.seed), self.sampling, self.num_beams)
-        ref = fresh.propose(context, gamma, generator)
-        assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.joint, ref.joint)
+    def propose(self, rows, gammas):  # type: ignore[no-untyped-def]
+        out = super().propose(rows, gammas)
+        for r, g, d in zip(rows, gammas, out, strict=True):
+            fresh = BeamDrafter(RandomContextLM(6, seed=self.seed), self.num_beams)
+            fresh.admit([r])
+            ref = fresh.propose([r], [g])[0]
+            assert torch.equal(d.tokens, ref.tokens) and torch.equal(d.joint, ref.joint)
         return out
 
-    def feedback(self, context, num_accepted, branch=0):  # type: ignore[no-untyped-def]
-        before = self._base
-        super().feedback(context, num_accepted, branch)
-        m = self.model
-        assert m.rows == 1 and m._rows[0] == list(context[: m.length])
-        assert m.length == before + min(num_accepted, self._fed)  # nothing valid was dropped
-        self.checks += 1
+    def feedback(self, rows, accepted, branches):  # type: ignore[no-untyped-def]
+        before = {r.id: (self._base[r.id], self._fed[r.id]) for r in rows}
+        super().feedback(rows, accepted, branches)
+        for r, tau in zip(rows, accepted, strict=True):
+            m = self._models[r.id]
+            base, fed = before[r.id]
+            assert m.rows == 1 and m._rows[0] == list(r.context[: m.length])
+            assert m.length == base + min(tau, fed)  # nothing valid was dropped
+            self.checks += 1
+
+    def release(self, rows):  # type: ignore[no-untyped-def]
+        for r in rows:
+            self.released[r.id] = self._models[r.id]
+        super().release(rows)
 
 
 def test_draft_cache_stays_consistent() -> None:
     target = RandomContextLM(6, seed=21, sharpness=2.0)
     method = MJSDMethod(num_beams=3, threshold=0.1)
     sampling = method.adjust_sampling(PLAIN)
-    drafter = CheckingDrafter(22, sampling, 3)
+    drafter = CheckingDrafter(22, 3)
     prompt = [1, 2, 3]
-    out = speculative_generate(target, drafter, prompt, method=method, gamma=4, sampling=sampling,
-                               max_new_tokens=30, generator=gen(7))
+    out = generate_one(target, Request(prompt, method, sampling, 30, Randomness(gen(7)), 4,
+                                       drafter))
     ctx = prompt + out.tokens
     assert drafter.checks == out.stats.drafted_by_position[0] >= out.stats.iterations - 1
-    assert drafter.model._rows[0] == ctx[: drafter.model.length]
-    assert drafter.model.length >= len(ctx) - 4 - 1
-    assert out.stats.draft_calls == drafter.model.forward_calls
+    (model,) = drafter.released.values()
+    assert model._rows[0] == ctx[: model.length]
+    assert model.length >= len(ctx) - 4 - 1
+    assert out.stats.draft_calls == model.forward_calls == drafter.forward_calls > 0
 
 
 def test_engine_threshold_one_is_greedy_target_decoding() -> None:
     # The draft is the target itself, so p/q = 1 on every prefix: min(1, 1) > 1 still fails.
     target, draft = RandomContextLM(6, seed=31), RandomContextLM(6, seed=31)
-    res = verispec.generate(target, draft, [4, 1], verifier="mjsd", threshold=1.0,
+    res = verispec.generate(target, draft, [4, 1], method="mjsd", threshold=1.0,
                             temperature=0.0, max_new_tokens=25)
-    ar = verispec.generate(target, None, [4, 1], verifier="ar", temperature=0.0, max_new_tokens=25)
+    ar = verispec.generate(target, None, [4, 1], method="ar", temperature=0.0, max_new_tokens=25)
     s = res.stats
     assert s.tokens_emitted == s.target_calls == 25 and s.accepted_total == 0
     assert res.tokens == ar.tokens
     # Control: any threshold below 1 accepts every draft token of this perfect draft.
-    ctrl = verispec.generate(target, draft, [4, 1], verifier="mjsd", threshold=0.99,
+    ctrl = verispec.generate(target, draft, [4, 1], method="mjsd", threshold=0.99,
                              temperature=0.0, max_new_tokens=25).stats
     assert ctrl.accepted_total == ctrl.drafted_total > 0 and ctrl.target_calls == 5
 
 
 def test_engine_threshold_zero_accepts_every_draft_token() -> None:
     target, draft = RandomContextLM(6, seed=41), RandomContextLM(6, seed=42)
-    res = verispec.generate(target, draft, [0], verifier="mjsd", threshold=0.0, gamma=3,
+    res = verispec.generate(target, draft, [0], method="mjsd", threshold=0.0, gamma=3,
                             paper_warp=False, max_new_tokens=41, seed=3)
     s = res.stats
     assert s.accepted_total == s.drafted_total > 0
@@ -293,7 +329,7 @@ def test_generate_end_to_end_reports_lossy_and_perplexity() -> None:
     target, draft = RandomContextLM(6, seed=51), RandomContextLM(6, seed=52)
     prompt = [2, 5]
     for name in ("mjsd", "mjgd"):
-        res = verispec.generate(target, draft, prompt, verifier=name, max_new_tokens=12, seed=1)
+        res = verispec.generate(target, draft, prompt, method=name, max_new_tokens=12, seed=1)
         s = res.stats
         assert s.lossless is False and s.to_dict()["lossless"] is False
         assert "NOT lossless" in s.summary() and "NOT lossless" in METHODS[name].summary
@@ -309,8 +345,8 @@ def test_mjgd_exact_width_matches_brute_force_and_counts_calls() -> None:
     v, k = 4, 2
     target = RandomContextLM(v, seed=61, sharpness=1.5)
     method = MJGDMethod(num_beams=v**k, paper_warp=False)
-    out = mjgd_generate(target, [3, 1], sampling=PLAIN, max_new_tokens=5, generator=gen(),
-                        gamma=k, method=method)
+    out = mjgd_generate(target, None, [3, 1], sampling=PLAIN, max_new_tokens=5,
+                        random=Randomness(gen()), gamma=k, method=method)
     ctx = [3, 1]
     for start in (0, 2):  # two full steps, each the exact argmax of the joint over V^K blocks
         joint = {b: warped_joint(target, PLAIN, ctx, b)[-1] for b in itertools.product(range(v), repeat=k)}
@@ -324,8 +360,8 @@ def test_mjgd_exact_width_matches_brute_force_and_counts_calls() -> None:
 def test_mjgd_stops_at_eos() -> None:
     target = DictLM({(0,): [0.1, 0.5, 0.4], (0, 2): [0.9, 0.05, 0.05]}, [0.2, 0.3, 0.5])
     target.eos_token_ids = frozenset({2})
-    out = mjgd_generate(target, [0], sampling=PLAIN, max_new_tokens=10, generator=gen(),
-                        gamma=3, method=MJGDMethod(num_beams=4))
+    out = mjgd_generate(target, None, [0], sampling=PLAIN, max_new_tokens=10,
+                        random=Randomness(gen()), gamma=3, method=MJGDMethod(num_beams=4))
     assert out.tokens[-1] == 2 and 2 not in out.tokens[:-1] and out.stats.stop_reason == "eos"
 
 
@@ -346,7 +382,11 @@ def test_registry_entries() -> None:
     mjsd, mjgd = METHODS["mjsd"], METHODS["mjgd"]
     assert not mjsd.lossless and mjsd.default_gamma == 4 and mjsd.uses_draft
     assert not mjgd.lossless and mjgd.default_gamma == 4 and not mjgd.uses_draft
-    assert mjgd.runner is mjgd_generate
+    assert mjgd.runner is mjgd_generate and mjsd.runner is None
+    assert mjsd.batchable and not mjgd.batchable  # MJGD runs by a schedule of its own
+    assert mjsd.options() == {"num_beams": 8, "threshold": 0.1, "paper_warp": True}
+    assert mjgd.options() == {"num_beams": 8, "paper_warp": True}
+    assert mjsd.law is not None and mjgd.law is not None
     m = build_method("mjsd", num_beams=3, threshold=None)
     assert (m.num_beams, m.threshold, m.paper_warp, m.lossless) == (3, 0.1, True, False)  # type: ignore[attr-defined]
     assert m.drafter_kind == "beam"
@@ -359,45 +399,52 @@ def test_invalid_num_beams(bad: object) -> None:
     with pytest.raises(ValueError, match="num_beams"):
         MJGDMethod(num_beams=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_beams"):
-        BeamDrafter(RandomContextLM(3, seed=0), PLAIN, num_beams=bad)  # type: ignore[arg-type]
+        BeamDrafter(RandomContextLM(3, seed=0), num_beams=bad)  # type: ignore[arg-type]
 
 
 def test_invalid_options_through_generate() -> None:
     t, d = RandomContextLM(4, seed=1), RandomContextLM(4, seed=2)
     with pytest.raises(ValueError, match="num_beams"):
-        verispec.generate(t, d, [0], verifier="mjsd", num_beams=0)
+        verispec.generate(t, d, [0], method="mjsd", num_beams=0)
     with pytest.raises(ValueError, match="threshold"):
-        verispec.generate(t, d, [0], verifier="mjsd", threshold=1.5)
+        verispec.generate(t, d, [0], method="mjsd", threshold=1.5)
     with pytest.raises(ValueError, match="paper_warp"):
-        verispec.generate(t, d, [0], verifier="mjsd", paper_warp="yes")
+        verispec.generate(t, d, [0], method="mjsd", paper_warp="yes")
     with pytest.raises((TypeError, ValueError), match="threshold"):
-        verispec.generate(t, None, [0], verifier="mjgd", threshold=0.5)  # MJGD has no threshold
+        verispec.generate(t, None, [0], method="mjgd", threshold=0.5)  # MJGD has no threshold
     with pytest.raises(ValueError, match="gamma"):
-        verispec.generate(t, None, [0], verifier="mjgd", gamma=0)
+        verispec.generate(t, None, [0], method="mjgd", gamma=0)
+    with pytest.raises(ValueError, match="threshold"):
+        verispec.generate(t, d, [0], method="mjsd[threshold=1.5]")
+    with pytest.raises(ValueError, match="cannot share a batch"):
+        verispec.generate_batch(t, None, [[0], [1]], method="mjgd")
     with pytest.raises(ValueError, match="one draft"):
-        BeamDrafter(t, PLAIN).propose([0], 2, gen(), num_drafts=2)
+        beam_propose(t, PLAIN, 8, [0], 2, num_drafts=2)
     with pytest.raises(ValueError, match="joint"):
-        from verispec.drafters.base import Draft
+        MJSDMethod().verify(VerifyBatch(
+            target_probs=torch.ones((1, 1, 2, 4), dtype=F64) / 4,
+            draft_probs=torch.ones((1, 1, 1, 4)),
+            draft_tokens=torch.zeros((1, 1, 1), dtype=torch.int64),
+            lengths=torch.tensor([1]), next_probs=None, joint=None,
+            randoms=[Randomness(gen())], states=[None]))
 
-        MJSDMethod().verify(torch.ones((1, 2, 4), dtype=F64) / 4,
-                            Draft(torch.zeros((1, 1), dtype=torch.int64), torch.ones((1, 1, 4))), gen())
+
+# ----------------------------------------------------------------------------- select_rows
 
 
-# ----------------------------------------------------------------------------- reorder_rows
-
-
-def test_table_reorder_rows() -> None:
+def test_table_select_rows() -> None:
     lm = RandomContextLM(5, seed=3)
-    lm.extend(torch.tensor([1, 2]))
-    lm.fork(3)
+    lm.add_rows([[]])
+    lm.extend([1, 2])
+    lm.select_rows([0, 0, 0])  # fork one row into three
     lm.extend(torch.tensor([[0], [3], [4]]))
-    lm.reorder_rows(torch.tensor([2, 2, 0, 1]))
+    lm.select_rows(torch.tensor([2, 2, 0, 1]))
     assert lm._rows == [[1, 2, 4], [1, 2, 4], [1, 2, 0], [1, 2, 3]]
     lm._rows[0].append(9)
     assert lm._rows[1] == [1, 2, 4]  # copies, not aliases
 
 
-def test_hf_reorder_rows_and_beam_search() -> None:
+def test_hf_select_rows_and_beam_search() -> None:
     transformers = pytest.importorskip("transformers")
     from verispec.models.hf import HFCausalLM
 
@@ -415,10 +462,10 @@ def test_hf_reorder_rows_and_beam_search() -> None:
     def full(rows: list[list[int]]) -> Tensor:  # [R, V] next-token logits, no cache
         return net(input_ids=torch.tensor(rows)).logits[:, -1]
 
-    lm.extend(torch.tensor(prefix))
-    lm.fork(3)
+    lm.add_rows([prefix])
+    lm.select_rows([0, 0, 0])  # fork one row into three
     lm.extend(torch.tensor([[4], [6], [7]]))
-    lm.reorder_rows(torch.tensor([2, 0, 0, 1]))
+    lm.select_rows(torch.tensor([2, 0, 0, 1]))
     assert lm.rows == 4
     got = lm.extend(torch.tensor([[8]] * 4))[:, -1]
     want = full([prefix + [7, 8], prefix + [4, 8], prefix + [4, 8], prefix + [6, 8]])
@@ -426,7 +473,8 @@ def test_hf_reorder_rows_and_beam_search() -> None:
 
     # Exact-width beam search (V^2 beams) on the real cache vs brute force over V^2 blocks.
     lm.reset()
-    first = lm.extend(torch.tensor(prefix), num_logits=1)[0]
+    lm.add_rows([[]])
+    first = lm.extend(prefix, num_logits=1)[0, 0]
     beam = beam_search(lm, first, 2, 32 * 32, PLAIN)
     p1 = torch.softmax(full([prefix])[0].double(), -1)  # [V]
     p2 = torch.softmax(full([prefix + [x] for x in range(32)]).double(), -1)  # [V, V]

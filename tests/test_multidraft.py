@@ -13,12 +13,12 @@ import torch
 from scipy import stats as sps
 
 import verispec
-from verispec.drafters.base import Draft
+from verispec.engine.protocols import VerifyBatch
 from verispec.methods import METHODS, build_method
+from verispec.methods import multidraft as method_md
 from verispec.methods.multidraft import MultiDraftMethod
 from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM
-from verispec.sampling import Sampling
-from verispec.theory import multidraft as theory_md
+from verispec.sampling import Randomness, Sampling
 from verispec.theory.exact import speculative_law, target_law, tv_distance
 from verispec.theory.multidraft import (
     batch_improvement,
@@ -81,7 +81,7 @@ def test_exact_enumeration_detects_a_wrong_residual(monkeypatch: pytest.MonkeyPa
     """Control for the test above: without the residual update the law is visibly off."""
     target, draft = PAIRS["markov"]()
     sampling = Sampling()
-    monkeypatch.setattr(theory_md, "multidraft_plan", lambda *a: _no_update_plan(*a))
+    monkeypatch.setattr(method_md, "multidraft_plan", lambda *a: _no_update_plan(*a))
     law = multidraft_speculative_law(target, draft, [1], num_drafts=3, gamma=2,
                                      sampling=sampling, length=3)
     assert abs(sum(law.values()) - 1.0) < 1e-12
@@ -266,36 +266,40 @@ def test_sampler_matches_exact_law_chi_square() -> None:
 
 
 def test_generate_charges_all_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """verispec.generate(verifier='multidraft', num_drafts=3): the target scores the M rows in
+    """verispec.generate(method='multidraft', num_drafts=3): the target scores the M rows in
     one pass; target_tokens_scored = Σ M·(γ+1); the method sees p and q along each draft."""
     target, draft = MarkovLM.random(4, seed=0), MarkovLM.random(4, seed=1)
     prompt = [0, 1]
     ctx: list[int] = []  # the context the engine should be at, rebuilt from the results
-    seen: list[tuple[int, int, int]] = []  # (rows, γ, branch) per iteration
+    seen: list[tuple[int, int, int]] = []  # (rows scored, γ, branch) per iteration
     original = MultiDraftMethod.verify
 
     def close(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool((a - b).abs().max() < 1e-12)
 
-    def recording(self, target_probs, d, generator):  # type: ignore[no-untyped-def]
-        rows, g = d.tokens.shape
-        for j in range(rows):  # row j holds p and q along draft j's own tokens
-            along = ctx + d.tokens[j].tolist()
+    def recording(self, batch):  # type: ignore[no-untyped-def]
+        assert batch.draft_tokens.shape[:2] == (1, 3)  # one request, M = 3 drafts
+        target_probs, probs = batch.target_probs[0], batch.draft_probs[0]  # [M, γ+1, V], [M, γ, V]
+        tokens = batch.draft_tokens[0]  # [M, γ]
+        g = int(batch.lengths[0])
+        assert tokens.shape[1] == g
+        for j in range(3):  # row j holds p and q along draft j's own tokens
+            along = ctx + tokens[j].tolist()
             assert all(close(target_probs[j, i], target.next_probs(along[: len(ctx) + i]))
                        for i in range(g + 1))
-            assert all(close(d.probs[j, i], draft.next_probs(along[: len(ctx) + i]))
+            assert all(close(probs[j, i], draft.next_probs(along[: len(ctx) + i]))
                        for i in range(g))
-        result = original(self, target_probs, d, generator)
+        result = original(self, batch)
         branch, tau = int(result.extras["branch"][0]), int(result.num_accepted[0])
-        ctx.extend(d.tokens[branch, :tau].tolist() + [int(result.next_token[0])])
-        seen.append((rows, g, branch))
+        ctx.extend(tokens[branch, :tau].tolist() + [int(result.next_token[0])])
+        seen.append((3 if g > 0 else 1, g, branch))  # γ = 0: nothing drafted, one row scored
         return result
 
     monkeypatch.setattr(MultiDraftMethod, "verify", recording)
     branches = set()
     for seed in range(4):
         ctx[:], seen[:] = prompt, []
-        out = verispec.generate(target, draft, prompt, verifier="multidraft", gamma=3,
+        out = verispec.generate(target, draft, prompt, method="multidraft", gamma=3,
                                 num_drafts=3, max_new_tokens=24, seed=seed)
         s = out.stats
         assert len(seen) == s.iterations == s.target_calls and out.tokens == ctx[2:]
@@ -309,6 +313,9 @@ def test_generate_charges_all_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert branches - {0}  # the engine kept a later draft at least once
 
 
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_generate_output_law_two_tokens() -> None:
     """End-to-end: 1500 runs of 2 tokens over V = 2; chi-square against target_law, p > 1e-6."""
     target = RandomContextLM(2, seed=3)
@@ -317,7 +324,7 @@ def test_generate_output_law_two_tokens() -> None:
     counts = {k: 0 for k in law}
     n = 1500
     for seed in range(n):
-        out = verispec.generate(target, draft, [0], verifier="multidraft", gamma=1,
+        out = verispec.generate(target, draft, [0], method="multidraft", gamma=1,
                                 num_drafts=2, max_new_tokens=2, seed=seed)
         counts[tuple(out.tokens)] += 1
     keys = sorted(law)
@@ -331,6 +338,9 @@ def test_generate_output_law_two_tokens() -> None:
 def test_registry_entry() -> None:
     info = METHODS["multidraft"]
     assert info.lossless and info.uses_draft
+    assert info.options() == {"num_drafts": 2} and info.batchable and info.law is not None
+    assert build_method("multidraft[num_drafts=4]").num_drafts == 4
+    assert MultiDraftMethod(3).matches_at_greedy  # at T = 0 the M drafts coincide
     method = build_method("multidraft")
     assert isinstance(method, MultiDraftMethod) and method.num_drafts == 2 and method.lossless
     assert build_method("multidraft", num_drafts=5).num_drafts == 5
@@ -347,7 +357,9 @@ def test_invalid_num_drafts(bad: object) -> None:
 def test_invalid_parameters_elsewhere() -> None:
     target, draft = MarkovLM.random(3, seed=0), MarkovLM.random(3, seed=1)
     with pytest.raises(ValueError, match="num_drafts"):
-        verispec.generate(target, draft, [0], verifier="multidraft", num_drafts=0)
+        verispec.generate(target, draft, [0], method="multidraft", num_drafts=0)
+    with pytest.raises(ValueError, match="num_drafts"):
+        verispec.generate(target, draft, [0], method="multidraft[num_drafts=0]")
     with pytest.raises(TypeError):
         build_method("multidraft", num_beams=2)
     with pytest.raises(ValueError, match="M must be >= 1"):
@@ -361,12 +373,14 @@ def test_invalid_parameters_elsewhere() -> None:
                         torch.zeros((2, 3, 2), dtype=torch.int64))
     tp, dp, tokens = _fixed_instance()  # 3 drafts
     with pytest.raises(ValueError, match="expected 2 drafts, got 3"):
-        MultiDraftMethod(2).verify(tp, Draft(tokens, dp), torch.Generator())
+        MultiDraftMethod(2).verify(VerifyBatch(
+            tp[None], dp[None], tokens[None], torch.tensor([2]), None, None,
+            [Randomness(torch.Generator())], [None]))
     p, q = _bernoulli(0.8, 0.3)
     for bad in (0, -2, 1.5):
         with pytest.raises(ValueError, match="M must be"):
             single_token_rejection(p, q, bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="M must be"):
+        with pytest.raises(ValueError, match="num_drafts must be"):
             multidraft_speculative_law(target, draft, [0], num_drafts=bad,  # type: ignore[arg-type]
                                        gamma=1, sampling=Sampling(), length=2)
     with pytest.raises(ValueError, match="v <= u"):

@@ -34,18 +34,20 @@ import pytest
 import torch
 from scipy import stats
 
+from pearl_doubles import DelayedLM
 from verispec.cli import main
-from verispec.engine.loop import speculative_generate
-from verispec.engine.methods import SingleDraftMethod
-from verispec.engine.pearl import PearlConfig, PearlEngine, PearlWorkerError, pearl_law
-from verispec.engine.pearl import reference_generate as reference
-from verispec.engine.pearl.schedule import PLANS, sample_with_uniform
-from verispec.engine.pearl.testing import DelayedLM
-from verispec.engine.pearl.timeline import draw_timeline
+from verispec.engine.loop import generate_one
+from verispec.engine.request import Request
+from verispec.methods import build_method
+from verispec.methods.pearl.coordinator import PearlEngine, PearlWorkerError
+from verispec.methods.pearl.reference import pearl_law
+from verispec.methods.pearl.reference import reference_generate as reference
+from verispec.methods.pearl.schedule import PLANS, PearlConfig, sample_with_uniform
 from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM, TableLM
-from verispec.sampling import Sampling
+from verispec.sampling import Randomness, Sampling
+from verispec.telemetry.timeline import draw_timeline
 from verispec.theory import target_law, tv_distance
-from verispec.verify import VerifyPlan, token_plan, token_verify
+from verispec.verify import VerifyPlan, token_plan
 
 TOL = 1e-12
 P_PASS, P_FAIL = 1e-3, 1e-9
@@ -146,6 +148,9 @@ def _sample(target: TableLM, draft: TableLM, cfg: PearlConfig, n: int, length: i
     return out
 
 
+
+
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("verifier", ["token", "block"])
 def test_reference_sampler_follows_the_exact_law(verifier: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,9 +247,8 @@ def test_engine_rejects_bad_requests_and_stays_usable(toy_engine: tuple) -> None
 def test_engine_on_tiny_hf_models(tiny: Callable) -> None:
     target, draft = tiny("target"), tiny("close")
     prompt = [3, 17, 42, 5]
-    ar = speculative_generate(target, None, prompt, method=SingleDraftMethod("ar", token_verify),
-                              gamma=0, sampling=Sampling(temperature=0), max_new_tokens=20,
-                              generator=torch.Generator().manual_seed(0))
+    ar = generate_one(target, Request(prompt, build_method("ar"), Sampling(temperature=0), 20,
+                                      Randomness(torch.Generator().manual_seed(0))))
     with PearlEngine(target, draft) as engine:
         greedy = engine.generate(prompt, gamma=3, sampling=Sampling(temperature=0),
                                  max_new_tokens=20, generator=torch.Generator().manual_seed(0))
@@ -263,6 +267,7 @@ def test_engine_on_tiny_hf_models(tiny: Callable) -> None:
 # 4. Theorems 1 and 2, the timeline.
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.usefixtures("one_thread")
 def test_theorem_2_mean_accepted_per_drafting_phase() -> None:
     p, q = [0.5, 0.3, 0.2], [0.3, 0.3, 0.4]
     alpha = sum(min(a, b) for a, b in zip(p, q, strict=True))  # 0.8
@@ -358,8 +363,8 @@ def test_a_killed_worker_is_reported_and_the_other_one_stopped() -> None:
 
 SCRIPT = """
 import json, torch
-from verispec.engine.pearl import PearlEngine
-from verispec.engine.pearl.testing import DelayedLM
+from pearl_doubles import DelayedLM
+from verispec.methods.pearl.coordinator import PearlEngine
 from verispec.models.toy import RandomContextLM
 from verispec.sampling import Sampling
 if __name__ == "__main__":
@@ -374,8 +379,11 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
 def test_no_orphans_when_the_coordinator_is_interrupted_or_killed(how: str) -> None:
+    tests_dir = os.path.dirname(os.path.abspath(__file__))  # where pearl_doubles lives
+    path = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": path})
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line, proc.stderr.read()  # type: ignore[union-attr]
@@ -407,8 +415,8 @@ def _cli(*argv: str) -> tuple[int, str, str]:
 def test_cli_pearl_json_and_timeline_match_the_reference(tmp_path) -> None:
     png = tmp_path / "t.png"
     code, out, err = _cli("generate", "ABCAB", "--target", "toy:random:5:1", "--draft",
-                          "toy:random:5:2", "--method", "pearl", "--verifier", "token", "--gamma",
-                          "2", "--no-pre-verify", "--max-new-tokens", "15", "--seed", "4",
+                          "toy:random:5:2", "--method", "pearl[verifier=token,pre_verify=false]",
+                          "--gamma", "2", "--max-new-tokens", "15", "--seed", "4",
                           "--json", "--timeline", str(png))
     assert code == 0, err
     payload = json.loads(out)
@@ -426,15 +434,21 @@ def test_cli_pearl_json_and_timeline_match_the_reference(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--verifier", "token", "--gamma", "auto"], "--gamma auto is for pearl only"),
-    (["--method", "token", "--verifier", "block"], "takes no --verifier"),
+    (["--method", "token", "--gamma", "auto"], "gamma must be an integer for token"),
+    (["--verifier", "token", "--gamma", "auto"], "gamma must be an integer for token"),
+    (["--method", "token[verifier=block]"], "does not take the option(s) verifier"),
     (["--verifier", "block", "--timeline", "x.png"], "--timeline needs --method pearl"),
-    (["--method", "pearl", "--verifier", "multidraft"], "token or block"),
+    (["--method", "pearl[verifier=multidraft]"], "token or block"),
     (["--method", "pearl", "--drafter", "ngram"], "needs a draft model"),
+    (["--method", "pearl", "--no-pre-verify"], "unrecognized arguments: --no-pre-verify"),
 ])
-def test_cli_rejects_bad_pearl_options(argv: list[str], message: str) -> None:
-    code, _, err = _cli("generate", "AB", "--target", "toy:random:5:1", "--draft",
-                        "toy:random:5:2", *argv)
+def test_cli_rejects_bad_pearl_options(argv: list[str], message: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code, _, err = _cli("generate", "AB", "--target", "toy:random:5:1", "--draft",
+                            "toy:random:5:2", *argv)
+    except SystemExit as exc:  # argparse rejects unknown flags itself, on sys.stderr
+        code, err = int(exc.code or 0), capsys.readouterr().err
     assert code == 2 and message in err
 
 
@@ -442,7 +456,36 @@ def test_api_gamma_auto_is_pearl_only() -> None:
     import verispec
 
     with pytest.raises(ValueError, match="gamma must be an integer for token"):
-        verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", verifier="token", gamma="auto")
-    with pytest.raises(ValueError, match="window_verifier"):
+        verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", method="token", gamma="auto")
+    with pytest.raises(ValueError, match="only pearl takes a verifier"):
         verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", method="token",
                           verifier="block")
+    with pytest.raises(ValueError, match="token or block"):
+        verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", method="pearl",
+                          verifier="multidraft")
+    with pytest.raises(ValueError, match="given twice"):
+        verispec.generate("toy:random:5:1", "toy:random:5:2", "AB",
+                          method="pearl[verifier=block]", verifier="token")
+    with pytest.raises(ValueError, match="cannot share a batch"):
+        verispec.generate_batch("toy:random:5:1", "toy:random:5:2", ["AB", "BA"], method="pearl")
+
+
+def test_api_pearl_verifier_option_reaches_every_window() -> None:
+    """``method="pearl", verifier="token"`` runs the windows with token verification: the
+    reference's tokens for that rule, same seed (the bracket spelling goes through the CLI
+    test above; here it must build the same method)."""
+    import verispec
+
+    kw = {"gamma": 2, "max_new_tokens": 12, "seed": 3}
+    want = {v: reference(RandomContextLM(5, 1), RandomContextLM(5, 2), [0, 1, 0],
+                         cfg=PearlConfig(2, v), sampling=Sampling(), max_new_tokens=12,
+                         generator=torch.Generator().manual_seed(3)).tokens
+            for v in ("token", "block")}
+    assert want["token"] != want["block"]  # the seed tells the two rules apart
+    out = verispec.generate("toy:random:5:1", "toy:random:5:2", "ABA", method="pearl",
+                            verifier="token", **kw)
+    assert out.tokens == want["token"]
+    assert out.stats.verifier == "token"  # type: ignore[attr-defined]
+    bracket = build_method("pearl[verifier=token]")
+    assert vars(bracket) == vars(build_method("pearl", verifier="token"))
+    assert bracket.verifier == "token" and build_method("pearl").verifier == "block"  # type: ignore[attr-defined]

@@ -11,8 +11,9 @@ negative controls must be rejected at ``P_FAIL = 1e-9``. Cells with an expected 
    p on its first three tokens (1000 cells); (τ, Y) must follow the exact law averaged over
    the drafts. Negative controls: always accept; token verification with the residual
    replaced by p; block verification that stops at the first rejection.
-2. The engine (``speculative_generate`` + ``ModelDrafter`` / ``NgramDrafter``) on exact toy
-   models (target with EOS), 6,000 generations of ≤ 4 tokens each, against ``target_law``;
+2. The one engine (with ``ModelDrafter`` / ``NgramDrafter``) on exact toy models (target with
+   EOS), 6,000 generations of ≤ 4 tokens each, against ``target_law``, for every lossless
+   method, one request at a time and 16 requests per batch (rows joining as others end);
    the always-accept and block-with-break verifiers wrapped in a ``SingleDraftMethod`` are
    the negative controls.
 """
@@ -28,12 +29,13 @@ import torch
 from scipy import stats
 from torch import Tensor
 
-from verispec.drafters.model import ModelDrafter
-from verispec.drafters.ngram import NgramDrafter
-from verispec.engine.loop import speculative_generate
-from verispec.engine.methods import SingleDraftMethod
+from verispec.api import make_drafter
+from verispec.engine.loop import Engine
+from verispec.engine.protocols import Method, SingleDraftMethod
+from verispec.engine.request import Request
+from verispec.methods import build_method
 from verispec.models.toy import RandomContextLM
-from verispec.sampling import Sampling, sample_from
+from verispec.sampling import Randomness, Sampling, sample_from
 from verispec.theory import target_law
 from verispec.verify import (
     VerifyPlan,
@@ -45,6 +47,8 @@ from verispec.verify import (
     token_plan,
     token_verify,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 P_PASS = 1e-3
 P_FAIL = 1e-9
@@ -173,35 +177,48 @@ def test_one_step_tau_y_follow_exact_plan_law(name: str, verify, plan_fn) -> Non
 RUNS = 6_000
 
 
-def _engine_law_pvalue(verifier: Callable[..., VerifyResult], drafter_kind: str,
-                       lossless: bool = True) -> float:
+def always_accept_plan(p: Tensor, q: Tensor, x: Tensor, lengths: Tensor | None = None) -> VerifyPlan:
+    plan = token_plan(p, q, x, lengths=lengths)
+    ones = torch.where(plan.accept_probs > 0, 1.0, 0.0) if lengths is not None \
+        else torch.ones_like(plan.accept_probs)
+    return VerifyPlan(ones, plan.residuals, "first_reject", plan.lengths)
+
+
+def block_with_break_plan(p: Tensor, q: Tensor, x: Tensor,
+                          lengths: Tensor | None = None) -> VerifyPlan:
+    """Block verification's h and residuals, but stopping at the first rejection."""
+    plan = block_plan(p, q, x, lengths=lengths)
+    return VerifyPlan(plan.accept_probs, plan.residuals, "first_reject", plan.lengths)
+
+
+def _engine_law_pvalue(method: Method, drafter_kind: str, batch_size: int = 1) -> float:
     target = RandomContextLM(3, seed=31, eos_token_id=2)
     draft = RandomContextLM(3, seed=32)
     sampling = Sampling()
     prompt, length = ([0, 1, 0, 1], 4) if drafter_kind == "ngram" else ([0], 4)
-    drafter = (NgramDrafter(3) if drafter_kind == "ngram" else ModelDrafter(draft, sampling))
-    method = SingleDraftMethod("under-test", verifier, lossless=lossless)
-    g = torch.Generator().manual_seed(99)
-    counts: Counter = Counter()
-    accepted = 0
-    for _ in range(RUNS):
-        out = speculative_generate(target, drafter, prompt, method=method, gamma=3,
-                                   sampling=sampling, max_new_tokens=length, generator=g)
-        counts[tuple(out.tokens)] += 1
-        accepted += out.stats.accepted_total
-    assert accepted > RUNS // 2  # drafts really were accepted, so the verifier mattered
+    drafter = make_drafter(target, draft, method, kind=drafter_kind)
+    seeds = torch.Generator().manual_seed(99)
+    requests = [Request(list(prompt), method, sampling, length,
+                        Randomness(torch.Generator().manual_seed(int(s))), 3, drafter)
+                for s in torch.randint(0, 2**62, (RUNS,), generator=seeds)]
+    outs = Engine(target, batch_size=batch_size).run(requests)
+    counts = Counter(tuple(o.tokens) for o in outs)
+    assert sum(o.stats.accepted_total for o in outs) > RUNS // 2  # the verifier mattered
     return chi2_pvalue(counts, target_law(target, prompt, sampling, length), RUNS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
-@pytest.mark.parametrize("verify", [token_verify, block_verify], ids=["token", "block"])
-def test_engine_output_law_matches_target(verify, drafter_kind: str) -> None:
-    assert _engine_law_pvalue(verify, drafter_kind) > P_PASS
+@pytest.mark.parametrize("method, drafter_kind, batch_size", [
+    ("token", "model", 1), ("block", "model", 16), ("token", "ngram", 16),
+    ("block", "ngram", 1), ("greedy-block", "model", 16), ("multidraft", "model", 16)])
+def test_engine_output_law_matches_target(method: str, drafter_kind: str,
+                                          batch_size: int) -> None:
+    assert _engine_law_pvalue(build_method(method), drafter_kind, batch_size) > P_PASS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("wrong", [always_accept_verify, block_with_break_verify],
+@pytest.mark.parametrize("wrong", [always_accept_plan, block_with_break_plan],
                          ids=["always-accept", "block-with-break"])
-def test_engine_negative_control_rejected(wrong: Callable[..., VerifyResult]) -> None:
-    assert _engine_law_pvalue(wrong, "model", lossless=False) < P_FAIL
+def test_engine_negative_control_rejected(wrong: Callable[..., VerifyPlan]) -> None:
+    method = SingleDraftMethod("under-test", wrong, lossless=False)
+    assert _engine_law_pvalue(method, "model", batch_size=16) < P_FAIL

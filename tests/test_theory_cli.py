@@ -325,7 +325,7 @@ def test_predict_from_bench_results_jsonl(tmp_path: Path) -> None:
 
 def test_predict_from_a_real_generate_json(tmp_path: Path) -> None:
     code, out, err = _run(["generate", "AB", "--target", "toy:random:3:1", "--draft", "toy:random:3:2",
-                           "--verifier", "token", "--gamma", "3", "--max-new-tokens", "30", "--json"])
+                           "--method", "token", "--gamma", "3", "--max-new-tokens", "30", "--json"])
     assert code == 0, err
     path = tmp_path / "run.json"
     path.write_text(out)

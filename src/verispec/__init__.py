@@ -1,8 +1,9 @@
 """verispec — speculative decoding with exact verification.
 
 p is the target, q is the draft, everywhere. See :mod:`verispec.verify` for the verifiers,
-:mod:`verispec.engine` for Algorithm 3, :mod:`verispec.models` for the model layer and
-:mod:`verispec.drafters` for the drafters.
+:mod:`verispec.engine` for the loop (Algorithm 3), :mod:`verispec.models` for the model
+layer, :mod:`verispec.drafters` for the drafters and :mod:`verispec.methods` for the table
+of methods.
 """
 
 from verispec.api import BatchGenerationResult, GenerationResult, generate, generate_batch

@@ -1,39 +1,47 @@
-"""The Python entry points: :func:`generate` (one prompt) and :func:`generate_batch` (many)."""
+"""The Python entry points: :func:`generate` (one prompt) and :func:`generate_batch` (many).
+
+Both run the one engine (:class:`verispec.engine.loop.Engine`): a single prompt is a batch
+of one. Methods that run by a schedule of their own (MJGD, PEARL) go through their runner.
+"""
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from verispec.bench.energy import EnergyMeter
+from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
-from verispec.drafters.model import ModelDrafter
-from verispec.drafters.ngram import NgramDrafter
-from verispec.engine.batch import BatchedModelDrafter, BatchStats, PerRowDrafter, batched_generate
-from verispec.engine.loop import speculative_generate
-from verispec.engine.methods import Method
+from verispec.engine.gamma import AutoGamma, FixedGamma, GammaPolicy, PassCosts, measure_costs
+from verispec.engine.loop import Engine
+from verispec.engine.protocols import Method
+from verispec.engine.request import GenerationOutput, Request
 from verispec.engine.stats import Stats
-from verispec.methods import METHODS, build_method
+from verispec.methods import MethodInfo, build_method, resolve
 from verispec.models.base import CausalLM
-from verispec.models.batched import as_batched
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.loading import check_compatible, load_model, resolve_dtype
-from verispec.sampling import Sampling
+from verispec.models.loading import check_compatible, load_model
+from verispec.sampling import Randomness, Sampling
+from verispec.telemetry.energy import EnergyMeter
 
 __all__ = [
     "BatchGenerationResult",
     "GenerationResult",
+    "Pair",
     "encode_prompt",
     "generate",
     "generate_batch",
+    "load_pair",
     "make_drafter",
+    "pair_costs",
 ]
 
-
 DRAFT_STOP_METHODS = ("token", "block")  # the draft-stop rule is proven lossless for these
+DRAFTERS = ("model", "ngram")
 
 
 @dataclass
@@ -45,64 +53,189 @@ class GenerationResult:
     stats: Stats
 
 
-def encode_prompt(model: CausalLM, prompt: str | list[int]) -> list[int]:
+@dataclass
+class BatchGenerationResult:
+    """One :class:`GenerationResult` per prompt (input order) and the batch's statistics."""
+
+    results: list[GenerationResult]
+    stats: Stats
+
+
+@dataclass
+class Pair:
+    """A loaded target (p) and draft (q); the draft is None where no method needs it."""
+
+    target: CausalLM
+    draft: CausalLM | None
+
+
+def encode_prompt(model: CausalLM, prompt: str | Sequence[int]) -> list[int]:
     """Token ids of ``prompt`` (strings go through the target's tokenizer)."""
-    if isinstance(prompt, list):
-        ids = [int(t) for t in prompt]
-    else:
+    if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty")
-        ids = list(model.tokenizer.encode(prompt))  # type: ignore[attr-defined]
+        if model.tokenizer is None:
+            raise ValueError(f"{model.name} has no tokenizer: give the prompt as token ids")
+        ids = list(model.tokenizer.encode(prompt))
+    else:
+        ids = [int(t) for t in prompt]
     if not ids:
         raise ValueError("the prompt is empty: it encodes to no tokens")
     return ids
 
 
 def decode(model: CausalLM, ids: list[int]) -> str:
-    tok = getattr(model, "tokenizer", None)
+    tok = model.tokenizer
     return tok.decode(ids) if tok is not None else " ".join(map(str, ids))
 
 
-def make_drafter(kind: str, draft: CausalLM | None, target: CausalLM, sampling: Sampling,
-                 method: Method, draft_stop: float | None = None) -> Drafter | None:
-    """Build the drafter the method needs (None for ``ar``).
+def load_pair(target: str | CausalLM, draft: str | CausalLM | None, *, needs_draft: bool = True,
+              precision: str = "auto", draft_precision: str | None = None,
+              progress: Callable[[str], None] | None = None) -> Pair:
+    """Load (or pass through) the target and, if ``needs_draft``, the draft."""
+    if isinstance(target, str):
+        target = _load(target, precision, progress)
+    if not needs_draft:
+        return Pair(target, None)
+    if draft is None:
+        raise ValueError("this method drafts with a draft model; give one")
+    if isinstance(draft, str):
+        draft = _load(draft, draft_precision or precision, progress)
+    check_compatible(target, draft)
+    return Pair(target, draft)
 
-    ``draft_stop``: the model drafter stops early where its own confidence falls below this
-    (see :class:`~verispec.drafters.model.ModelDrafter`); token and block verification only.
+
+def _load(spec: str, precision: str, progress: Callable[[str], None] | None) -> CausalLM:
+    import inspect  # TEMPORARY until models.loading takes precision=
+
+    if "precision" in inspect.signature(load_model).parameters:
+        return load_model(spec, precision=precision, progress=progress)  # type: ignore[call-arg]
+    if precision == "int8":
+        return load_model(spec, dtype="float32", quantize="int8", progress=progress)  # type: ignore[call-arg]
+    return load_model(spec, dtype=precision, progress=progress)  # type: ignore[call-arg]
+
+
+def make_drafter(target: CausalLM, draft: CausalLM | None, method: Method, *,
+                 kind: str = "model", draft_stop: float | None = None) -> Drafter | None:
+    """The drafter the method needs (None for methods that never draft).
+
+    ``draft_stop``: the model drafter stops a row's draft early where its own confidence
+    falls below this (see :class:`~verispec.drafters.model.ModelDrafter`); token and block
+    verification only, for which it is proven lossless.
     """
+    if kind not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
     if draft_stop is not None and (kind != "model" or method.name not in DRAFT_STOP_METHODS):
         raise ValueError(f"draft_stop works with the model drafter and the methods "
                          f"{', '.join(DRAFT_STOP_METHODS)} (lossless with them); "
                          f"not with {method.name} / the {kind} drafter")
-    if not METHODS[method.name].uses_draft:
-        return None
     if method.drafter_kind == "beam":
         from verispec.drafters.beam import BeamDrafter
 
         if draft is None:
             raise ValueError(f"{method.name} drafts by beam search with a draft model; give one")
-        check_compatible(target, draft)
-        return BeamDrafter(draft, sampling, num_beams=getattr(method, "num_beams", 8))
+        return BeamDrafter(draft, num_beams=getattr(method, "num_beams", 8))
     if kind == "ngram":
         if method.needs_next_probs or method.num_drafts > 1:
             raise ValueError(f"{method.name} cannot use the n-gram drafter: it needs q as a fixed "
                              "function of the context (or several i.i.d. drafts); use the model "
                              "drafter")
+        from verispec.drafters.ngram import NgramDrafter
+
         return NgramDrafter(target.vocab_size)
-    if kind != "model":
-        raise ValueError(f"drafter must be 'model' or 'ngram', got {kind!r}")
     if draft is None:
         raise ValueError("the model drafter needs a draft model")
-    check_compatible(target, draft)
-    return ModelDrafter(draft, sampling, stop_below=draft_stop)
+    from verispec.drafters.model import ModelDrafter
+
+    return ModelDrafter(draft, stop_below=draft_stop)
+
+
+@dataclass
+class _Plan:
+    """Everything a run needs besides the prompts."""
+
+    info: MethodInfo
+    method: Method
+    sampling: Sampling
+    gamma: int | str
+    pair: Pair
+    drafter: Drafter | None
+
+
+def _plan(target: str | CausalLM, draft: str | CausalLM | None, method: str,
+          options: dict[str, Any], *, gamma: int | str | None, sampling: Sampling, drafter: str,
+          draft_stop: float | None, precision: str, draft_precision: str | None,
+          progress: Callable[[str], None] | None) -> _Plan:
+    if "verifier" in options and not method.startswith("pearl"):
+        raise ValueError(f"verifier={options['verifier']!r}: the verification method is chosen "
+                         "with method=...; only pearl takes a verifier (for its windows)")
+    info, opts = resolve(method, **options)
+    built = build_method(info.name, **opts)
+    gamma = _check_gamma(info, gamma)
+    needs_draft = info.uses_draft and (drafter == "model" or built.drafter_kind == "beam")
+    pair = load_pair(target, draft, needs_draft=needs_draft, precision=precision,
+                     draft_precision=draft_precision, progress=progress)
+    maker = None
+    if info.runner is None and info.uses_draft:
+        maker = make_drafter(pair.target, pair.draft, built, kind=drafter, draft_stop=draft_stop)
+    elif draft_stop is not None:
+        raise ValueError(f"draft_stop works with {', '.join(DRAFT_STOP_METHODS)}, not {info.name}")
+    return _Plan(info, built, built.adjust_sampling(sampling), gamma, pair, maker)
+
+
+def _check_gamma(info: MethodInfo, gamma: int | str | None) -> int | str:
+    if gamma is None:
+        return "auto" if info.auto_gamma else info.default_gamma
+    if isinstance(gamma, str):
+        takes_auto = info.uses_draft or info.auto_gamma
+        if gamma != "auto" or not takes_auto:
+            raise ValueError(f"gamma must be an integer{' or auto' if takes_auto else ''} "
+                             f"for {info.name}, got {gamma!r}")
+        return gamma
+    check_positive(f"gamma for {info.name}", gamma, minimum=1 if info.uses_draft else 0)
+    return gamma if info.uses_draft or info.runner is not None else 0
+
+
+_COSTS: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM, PassCosts]] = \
+    weakref.WeakKeyDictionary()
+
+
+def pair_costs(target: CausalLM, draft: CausalLM) -> PassCosts:
+    """The pair's measured pass costs (V(k), c), timed once per pair and process."""
+    per_draft = _COSTS.setdefault(target, weakref.WeakKeyDictionary())
+    if draft not in per_draft:
+        per_draft[draft] = measure_costs(target, draft)
+    return per_draft[draft]
+
+
+def _policy(plan: _Plan) -> GammaPolicy:
+    """A fresh γ policy for one request (``auto`` keeps per-request acceptance)."""
+    if plan.drafter is None:
+        return FixedGamma(0)
+    if plan.gamma == "auto":
+        if plan.pair.draft is None:
+            raise ValueError("gamma='auto' times the draft model; the n-gram drafter has none")
+        return AutoGamma(pair_costs(plan.pair.target, plan.pair.draft),
+                         min_gamma=1 if plan.method.needs_next_probs else 0)
+    assert isinstance(plan.gamma, int)
+    return FixedGamma(plan.gamma)
+
+
+def _notes(plan: _Plan) -> list[str]:
+    notes = [f"sampling: {plan.sampling.describe()}"]
+    if plan.gamma == "auto" and plan.pair.draft is not None and plan.info.runner is None:
+        notes.append("gamma auto: " + pair_costs(plan.pair.target, plan.pair.draft).describe())
+    models = [("target", plan.pair.target), ("draft", plan.pair.draft)]
+    notes += [f"{role} precision: {m.precision}" for role, m in models if m is not None]
+    return notes
 
 
 def generate(
     target: str | CausalLM = DEFAULT_TARGET,
     draft: str | CausalLM | None = DEFAULT_DRAFT,
-    prompt: str | list[int] = "",
+    prompt: str | Sequence[int] = "",
     *,
-    verifier: str | None = None,
+    method: str = "block",
     gamma: int | str | None = None,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -110,94 +243,57 @@ def generate(
     seed: int = 0,
     max_new_tokens: int = 64,
     drafter: str = "model",
-    dtype: str = "auto",
+    draft_stop: float | None = None,
+    precision: str = "auto",
+    draft_precision: str | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     progress: Callable[[str], None] | None = None,
-    method: str | None = None,
-    draft_stop: float | None = None,
     **method_options: Any,
 ) -> GenerationResult:
-    """Generate text with speculative decoding (or ``verifier="ar"`` for the baseline).
+    """Generate text with speculative decoding (``method="ar"`` for the baseline).
 
     Args:
-        target, draft: model names/paths/hub ids/toy specs, or loaded :class:`CausalLM`.
-        verifier: a name from :data:`verispec.methods.METHODS` (default ``"block"``); when
-            ``method`` is given, the verifier that method applies (``method="pearl",
-            verifier="token"``).
-        gamma: draft length γ (default: the method's default); ``"auto"`` for methods that
-            measure it (pearl, whose default it is).
-        method: a method name whose verification rule is chosen by ``verifier``.
+        target, draft: model names, paths, hub ids or toy specs, or loaded models.
+        method: a name from :data:`verispec.methods.METHODS`, optionally with options in
+            brackets (``"lossy[epsilon=0.05]"``); options may also be keyword arguments.
+        gamma: draft length γ (default: the method's); ``"auto"`` where the method takes it.
         draft_stop: stop a model draft early where the draft's own top probability (at
             temperature 1) is below this; still lossless with token and block verification.
-        method_options: options of the chosen method (e.g. ``epsilon``, ``num_drafts``).
+        precision: numeric format of both models (``auto``, ``float32``, ``bfloat16``,
+            ``int8``); ``draft_precision`` overrides it for the draft.
+        on_tokens: called with each accepted block of new tokens.
     """
-    if method is not None:  # method="pearl", verifier="token": the verifier is its option
-        if verifier is not None:
-            method_options["window_verifier"] = verifier
-        verifier = method
-    verifier = "block" if verifier is None else verifier
-    if verifier not in METHODS:
-        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(METHODS)}")
-    info = METHODS[verifier]
-    if draft_stop is not None and verifier not in DRAFT_STOP_METHODS:
-        raise ValueError(f"draft_stop works with {', '.join(DRAFT_STOP_METHODS)}, not {verifier}")
-    if gamma is None:
-        gamma = "auto" if info.auto_gamma else info.default_gamma
-    if isinstance(gamma, str):
-        if gamma != "auto" or not info.auto_gamma:
-            raise ValueError(f"gamma must be an integer{' or auto' if info.auto_gamma else ''} "
-                             f"for {verifier}, got {gamma!r}")
-    elif info.uses_draft and gamma < 1:
-        raise ValueError(f"gamma must be >= 1 for {verifier}, got {gamma}")
-    method = build_method(verifier, **method_options)
-    sampling = method.adjust_sampling(Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
-    if isinstance(target, str):
-        target = load_model(target, dtype=dtype, progress=progress)
-    needs_model = info.uses_draft and (drafter == "model" or method.drafter_kind == "beam")
-    if needs_model and draft is None:
-        raise ValueError(f"{verifier} with the model drafter needs a draft model")
-    draft_model = None
-    if needs_model and draft is not None:
-        draft_model = load_model(draft, dtype=dtype, progress=progress) if isinstance(draft, str) else draft
-    device = target.device
-    ids = encode_prompt(target, prompt)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    drafter_obj = None if info.runner else make_drafter(drafter, draft_model, target, sampling, method,
-                                                         draft_stop)
-    with EnergyMeter(device) as meter:
-        if info.runner is not None:
-            extra = {"draft": draft_model} if info.uses_draft else {}
-            out = info.runner(target, ids, sampling=sampling, max_new_tokens=max_new_tokens,
-                              generator=generator, on_tokens=on_tokens, gamma=gamma,
-                              method=method, **extra)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    plan = _plan(target, draft, method, method_options, gamma=gamma, sampling=sampling,
+                 drafter=drafter, draft_stop=draft_stop, precision=precision,
+                 draft_precision=draft_precision, progress=progress)
+    tgt = plan.pair.target
+    ids = encode_prompt(tgt, prompt)
+    random = Randomness(torch.Generator(device=tgt.device).manual_seed(seed))
+    with EnergyMeter(tgt.device) as meter:
+        if plan.info.runner is not None:
+            out: GenerationOutput = plan.info.runner(
+                tgt, plan.pair.draft, ids, method=plan.method, sampling=plan.sampling,
+                gamma=plan.gamma, max_new_tokens=max_new_tokens, random=random,
+                on_tokens=on_tokens)
         else:
-            out = speculative_generate(
-                target, drafter_obj, ids, method=method, gamma=gamma if info.uses_draft else 0,
-                sampling=sampling, max_new_tokens=max_new_tokens, generator=generator,
-                on_tokens=on_tokens,
-            )
+            request = Request(ids, plan.method, plan.sampling, max_new_tokens, random,
+                              _policy(plan), plan.drafter, on_tokens)
+            engine = Engine(tgt)
+            out = engine.run([request])[0]
+            out.stats.target_passes = engine.passes
     out.stats.energy_joules, out.stats.energy_source = meter.joules, meter.source
-    out.stats.notes.append(f"sampling: {sampling.describe()}")
-    if hasattr(target, "model"):  # a real (Hugging Face) model: say which precision ran
-        out.stats.notes.append(f"dtype: {resolve_dtype(dtype, device)[1]}")
-    return GenerationResult(tokens=out.tokens, text=decode(target, out.tokens), stats=out.stats)
-
-
-@dataclass
-class BatchGenerationResult:
-    """One :class:`GenerationResult` per prompt (input order) and the batch's statistics."""
-
-    results: list[GenerationResult]
-    stats: BatchStats
+    out.stats.notes.extend(_notes(plan))
+    return GenerationResult(tokens=out.tokens, text=decode(tgt, out.tokens), stats=out.stats)
 
 
 def generate_batch(
     target: str | CausalLM = DEFAULT_TARGET,
     draft: str | CausalLM | None = DEFAULT_DRAFT,
-    prompts: Sequence[str | list[int]] = (),
+    prompts: Sequence[str | Sequence[int]] = (),
     *,
-    verifier: str = "block",
-    gamma: int | None = None,
+    method: str = "block",
+    gamma: int | str | None = None,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -206,81 +302,69 @@ def generate_batch(
     max_new_tokens: int | Sequence[int] = 64,
     batch_size: int | None = None,
     drafter: str = "model",
-    dtype: str = "auto",
+    precision: str = "auto",
+    draft_precision: str | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     progress: Callable[[str], None] | None = None,
     **method_options: Any,
 ) -> BatchGenerationResult:
     """Batched :func:`generate`: many prompts, ``batch_size`` rows decoded together.
 
-    Each prompt gets its own method instance and its own ``torch.Generator`` seeded with
-    ``seeds[i]`` (default: ``seed`` for every prompt), so prompt i's output is the one
-    :func:`generate` gives it with that seed, whatever else shares the batch (exactly on toy
-    models; up to float noise of batched kernels on real ones). Supports the methods that
-    iterate Algorithm 3 with sampled drafts (``ar``, ``token``, ``block``, ``greedy-block``,
-    ``lossy``, ``multidraft``); not MJSD's beam drafter nor MJGD.
+    Prompt i draws its randomness only from its own generator seeded with ``seeds[i]``
+    (default: ``seed`` for every prompt), so its output is the one :func:`generate` gives it
+    with that seed, whatever else shares the batch (exactly on toy models; up to the float
+    rounding of batched kernels on real ones). A finished row's slot takes the next prompt.
 
     Args:
         prompts: texts or token-id lists.
         max_new_tokens: one budget, or one per prompt.
-        batch_size: rows decoded at once (default: all prompts); a finished row's slot
-            takes the next waiting prompt.
+        batch_size: rows decoded at once (default: all prompts).
         on_tokens: ``on_tokens(prompt_index, new_tokens)`` after each accepted block.
     Returns:
         :class:`BatchGenerationResult`; ``stats.tokens_per_second`` is the whole batch's.
     """
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of prompts; use generate() for a single prompt")
-    if verifier not in METHODS:
-        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(METHODS)}")
-    info = METHODS[verifier]
     if not prompts:
         raise ValueError("no prompts given")
-    if seeds is not None and len(seeds) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-    gamma = info.default_gamma if gamma is None else gamma
-    if info.uses_draft and gamma < 1:
-        raise ValueError(f"gamma must be >= 1 for {verifier}, got {gamma}")
-    methods = [build_method(verifier, **method_options) for _ in prompts]
-    if info.runner is not None or methods[0].drafter_kind != "sample":
-        raise ValueError(f"{verifier} is not supported in batched mode; use one of ar, token, "
-                         "block, greedy-block, lossy, multidraft")
-    sampling = methods[0].adjust_sampling(Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
-    if isinstance(target, str):
-        target = load_model(target, dtype=dtype, progress=progress)
-    needs_model = info.uses_draft and drafter == "model"
-    if needs_model and draft is None:
-        raise ValueError(f"{verifier} with the model drafter needs a draft model")
-    draft_model = None
-    if needs_model and draft is not None:
-        draft_model = load_model(draft, dtype=dtype, progress=progress) if isinstance(draft, str) else draft
-    ids = [encode_prompt(target, p) for p in prompts]
-    device = target.device
-    generators = [torch.Generator(device=device).manual_seed(seed if seeds is None else int(s))
-                  for s in (seeds if seeds is not None else [seed] * len(prompts))]
-    single = make_drafter(drafter, draft_model, target, sampling, methods[0])  # validates the pair
-    batched_drafter: Any = None
-    if isinstance(single, ModelDrafter):
-        batched_drafter = BatchedModelDrafter(as_batched(single.model), sampling)
-    elif single is not None:
-        batched_drafter = PerRowDrafter(
-            lambda: make_drafter(drafter, draft_model, target, sampling, methods[0]))  # type: ignore
-    with EnergyMeter(device) as meter:
-        out = batched_generate(
-            as_batched(target), batched_drafter, ids, methods=methods,
-            gamma=gamma if info.uses_draft else 0, sampling=sampling,
-            max_new_tokens=max_new_tokens, generators=generators, batch_size=batch_size,
-            on_tokens=on_tokens,
-        )
-    out.stats.energy_joules, out.stats.energy_source = meter.joules, meter.source
-    notes = [f"sampling: {sampling.describe()}"]
-    if hasattr(target, "model"):  # a real (Hugging Face) model: say which precision ran
-        notes.append(f"dtype: {resolve_dtype(dtype, device)[1]}")
-    out.stats.notes.extend(notes)
+    seeds = [seed] * len(prompts) if seeds is None else [int(s) for s in seeds]
+    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
+        else list(max_new_tokens)
+    if len(seeds) != len(prompts) or len(budgets) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts need as many seeds and budgets, got "
+                         f"{len(seeds)} and {len(budgets)}")
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    plan = _plan(target, draft, method, method_options, gamma=gamma, sampling=sampling,
+                 drafter=drafter, draft_stop=None, precision=precision,
+                 draft_precision=draft_precision, progress=progress)
+    if not plan.info.batchable:
+        raise ValueError(f"{plan.info.name} runs by a schedule of its own and cannot share a "
+                         "batch; use generate() for each prompt")
+    tgt = plan.pair.target
+    engine = Engine(tgt, batch_size=len(prompts) if batch_size is None else batch_size)
+    requests = []
+    for i, (p, s, n) in enumerate(zip(prompts, seeds, budgets, strict=True)):
+        callback = None if on_tokens is None else _indexed(on_tokens, i)
+        requests.append(Request(encode_prompt(tgt, p), plan.method, plan.sampling, n,
+                                Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
+                                _policy(plan), plan.drafter, callback))
+    start = time.perf_counter()
+    with EnergyMeter(tgt.device) as meter:
+        rows = [engine.submit(r) for r in requests]
+        while not engine.idle:
+            engine.step()
+    stats = engine.batch_stats(rows, time.perf_counter() - start)
+    stats.energy_joules, stats.energy_source = meter.joules, meter.source
+    notes = _notes(plan)
+    stats.notes.extend(notes)
     results = []
-    for row in out.rows:
+    for row in rows:
         row.stats.energy_source = "measured for the whole batch only (see the batch statistics)"
         row.stats.notes.extend(notes)
-        results.append(GenerationResult(tokens=row.tokens, text=decode(target, row.tokens),
+        results.append(GenerationResult(tokens=list(row.emitted), text=decode(tgt, row.emitted),
                                         stats=row.stats))
-    return BatchGenerationResult(results=results, stats=out.stats)
+    return BatchGenerationResult(results=results, stats=stats)
+
+
+def _indexed(callback: Callable[[int, list[int]], None], index: int) -> Callable[[list[int]], None]:
+    return lambda new: callback(index, new)

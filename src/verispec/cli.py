@@ -1,4 +1,5 @@
-"""The ``verispec`` command line: ``generate``, ``models``, ``demo`` and ``bench``."""
+"""The ``verispec`` command line: ``generate``, ``demo``, ``models``, ``bench``, ``audit``
+and ``theory``."""
 
 from __future__ import annotations
 
@@ -9,42 +10,48 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from verispec.methods import METHODS
+from verispec.models.loading import PRECISIONS
 
 __all__ = ["build_parser", "main"]
 
 
+
 def _methods_help() -> str:
     width = max(len(name) for name in METHODS)
-    lines = ["methods (--verifier / --method):"]
+    lines = ["methods (--method NAME or NAME[option=value,...]; --verifier is an alias):"]
     for info in METHODS.values():
         tag = "lossless" if info.lossless else "NOT lossless"
         lines.append(f"  {info.name:<{width}}  [{tag}] {info.summary}")
+        opts = info.options()
+        if opts:
+            lines.append(f"  {'':<{width}}  options: "
+                         + ", ".join(f"{k}={v}" for k, v in opts.items()))
     return "\n".join(lines)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--target``, ``--draft`` and the precision knobs."""
     from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
-    from verispec.models.loading import QUANTIZE_CHOICES
 
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help=f"target model: embedded name, local dir, hub id or toy spec "
                         f"(default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="precision; auto picks bfloat16 where the device has fast bf16 "
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="numeric format of both models; auto picks int8 on an x86 CPU with "
+                        "VNNI, bfloat16 on a GPU or a CPU with native bf16, float32 otherwise "
                         "(the choice is printed)")
-    p.add_argument("--draft-quantize", choices=QUANTIZE_CHOICES, default="none",
-                   help="int8: dynamic int8 linear layers for the draft (CPU, float32); "
-                        "verification stays exact because q is the quantized draft's own")
+    p.add_argument("--target-precision", choices=PRECISIONS, default=None,
+                   help="override --precision for the target")
+    p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
+                   help="override --precision for the draft")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verifier", dest="verifier", default=None, choices=list(METHODS),
-                   help="verification method (see the list below; default block); after "
-                        "--method pearl: the verifier of each window, token or block")
-    p.add_argument("--method", dest="method", default=None, choices=list(METHODS),
-                   help="the method, when --verifier is to name its verification rule "
-                        "(--method pearl --verifier token); alone, the same as --verifier")
+    p.add_argument("--method", "--verifier", dest="method", default="block", metavar="METHOD",
+                   help="method, with options in brackets: block, 'lossy[epsilon=0.05]', "
+                        "'multidraft[num_drafts=4]', 'pearl[verifier=token]' (default block; "
+                        "all methods and their options are listed below)")
     p.add_argument("--drafter", choices=["model", "ngram"], default="model",
                    help="draft model or prompt-lookup n-gram drafter")
     p.add_argument("--draft-stop", type=float, default=None, metavar="P",
@@ -58,25 +65,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    m = p.add_argument_group("method options (only for the methods named)")
-    m.add_argument("--epsilon", type=float, default=None, help="lossy: over-acceptance ε ≥ 0")
-    m.add_argument("--residual", choices=["opt", "target"], default=None,
-                   help="lossy: Pareto-optimal residual (opt) or the target (Decoding-UNO)")
-    m.add_argument("--num-drafts", type=int, default=None, help="multidraft: M drafts")
-    m.add_argument("--num-beams", type=int, default=None, help="mjsd/mjgd: beam width")
-    m.add_argument("--threshold", type=float, default=None,
-                   help="mjsd: joint-likelihood acceptance threshold τ in [0, 1]")
-    m.add_argument("--no-paper-warp", dest="paper_warp", action="store_const", const=False,
-                   default=None, help="mjsd/mjgd: do not apply the paper's top-20 / top-p 0.9 warp")
-    m.add_argument("--no-pre-verify", dest="pre_verify", action="store_const", const=False,
-                   default=None, help="pearl: ablation, the target idles while the draft drafts")
-    m.add_argument("--no-post-verify", dest="post_verify", action="store_const", const=False,
-                   default=None, help="pearl: ablation, the draft idles while the target verifies")
-    m.add_argument("--draft-threads", type=int, default=None,
-                   help="pearl: torch threads of the draft worker (default: a third of the cores)")
-    m.add_argument("--target-threads", type=int, default=None,
-                   help="pearl: torch threads of the target worker (default: the other cores)")
-    m.add_argument("--timeline", default=None, metavar="OUT.png",
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the target's chat template (instruct models)")
+    p.add_argument("--timeline", default=None, metavar="OUT.png",
                    help="pearl: draw each model's busy/idle timeline as a PNG")
 
 
@@ -89,25 +80,6 @@ def _gamma_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
-def _resolve_method(args: argparse.Namespace) -> None:
-    """``--method NAME [--verifier RULE]`` or ``--verifier NAME``: afterwards ``args.verifier``
-    is the method's name and ``args.window_verifier`` pearl's verification rule (or None)."""
-    args.window_verifier = None
-    if args.method is not None:
-        if args.verifier is not None:
-            if not METHODS[args.method].auto_gamma:  # only pearl verifies with a chosen rule
-                raise ValueError(f"--method {args.method} takes no --verifier; use --verifier "
-                                 f"{args.method} alone")
-            args.window_verifier = args.verifier
-        args.verifier = args.method
-    elif args.verifier is None:
-        args.verifier = "block"
-    if args.gamma == "auto" and not METHODS[args.verifier].auto_gamma:
-        raise ValueError(f"--gamma auto is for pearl only; {args.verifier} needs an integer")
-    if args.timeline is not None and args.verifier != "pearl":
-        raise ValueError("--timeline needs --method pearl")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="verispec", description="Speculative decoding with exact verification.")
@@ -117,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=_methods_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt text (or give many with --prompts FILE.jsonl)")
-    _add_model_args(gen)
+    add_model_args(gen)
     _add_generation_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     gen.add_argument("--prompts", default=None, metavar="FILE.jsonl",
@@ -134,9 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = msub.add_parser("fetch", help="download, verify and convert the embedded models")
     fetch.add_argument("--force", action="store_true", help="fetch again even if cached")
     msub.add_parser("list", help="list the embedded models and whether they are cached")
+    path = msub.add_parser("path", help="print where a fetched embedded model lives")
+    path.add_argument("name", help="an embedded model name")
+    path.add_argument("--format", dest="fmt", choices=["hf", "gguf"], default="hf",
+                      help="hf: the converted safetensors directory; gguf: the verified GGUF file")
 
-    demo = sub.add_parser("demo", help="compare ar, token and block on a HumanEval prompt")
-    _add_model_args(demo)
+    demo = sub.add_parser("demo", help="ar vs token vs block on a HumanEval prompt: the output "
+                          "and the measured speed-up")
+    add_model_args(demo)
     demo.add_argument("--task", type=int, default=0, help="HumanEval task index")
     demo.add_argument("--gamma", type=int, default=8)
     demo.add_argument("--temperature", type=float, default=0.0)
@@ -146,9 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.bench.options import BENCH_EPILOG, add_bench_arguments
 
     bench = sub.add_parser("bench", help="benchmark methods × temperatures × γ against ar and "
-                           "transformers", epilog=BENCH_EPILOG,
+                           "the peers", epilog=BENCH_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_model_args(bench)
+    add_model_args(bench)
     add_bench_arguments(bench)
 
     from verispec.theory.cli import add_commands as add_theory_commands
@@ -175,35 +152,53 @@ class _Streamer:
         self.shown = text
 
 
+def _pair(args: argparse.Namespace, err: TextIO, needs_draft: bool) -> Any:
+    from verispec.api import load_pair
+
+    def progress(msg: str) -> None:
+        print(msg, file=err)
+
+    target_precision = args.target_precision or args.precision
+    return load_pair(args.target, args.draft, needs_draft=needs_draft, precision=target_precision,
+                     draft_precision=args.draft_precision or args.precision, progress=progress)
+
+
+def _needs_draft(args: argparse.Namespace) -> bool:
+    from verispec.methods import resolve
+
+    info, _ = resolve(args.method)
+    return info.uses_draft and (args.drafter == "model" or info.name == "mjsd")
+
+
+def _chat(tokenizer: Any, prompt: str) -> str:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("--chat needs a target whose tokenizer has a chat template")
+    return str(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True))
+
+
 def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from verispec.api import generate
-    from verispec.models.loading import load_model
 
-    _resolve_method(args)
+    if args.timeline is not None and not args.method.startswith("pearl"):
+        raise ValueError("--timeline needs --method pearl")
     if args.prompts is not None:
         return _cmd_generate_batch(args, out, err)
     if args.prompt is None:
         raise ValueError("give a prompt, or a file of prompts with --prompts FILE.jsonl")
     if args.batch_size is not None:
         raise ValueError("--batch-size needs --prompts FILE.jsonl")
-    progress = (lambda msg: print(msg, file=err))
-    target = load_model(args.target, dtype=args.dtype, progress=progress)
-    info = METHODS[args.verifier]
-    draft: Any = None
-    if info.uses_draft and (args.drafter == "model" or args.verifier == "mjsd"):
-        draft = load_model(args.draft, dtype=args.dtype, progress=progress,
-                           quantize=args.draft_quantize)
-    streamer = None if args.json else _Streamer(getattr(target, "tokenizer", None), out)
+    pair = _pair(args, err, _needs_draft(args))
+    prompt = _chat(pair.target.tokenizer, args.prompt) if args.chat else args.prompt
+    streamer = None if args.json else _Streamer(pair.target.tokenizer, out)
     if streamer is not None:
-        out.write(args.prompt)
-    options = {k: getattr(args, k) for k in
-               ("epsilon", "residual", "num_drafts", "num_beams", "threshold", "paper_warp",
-                "window_verifier", "pre_verify", "post_verify", "draft_threads", "target_threads")}
+        out.write(args.prompt if args.chat else prompt)
+        out.write("\n" if args.chat else "")
     result = generate(
-        target, draft, args.prompt, verifier=args.verifier, gamma=args.gamma,
+        pair.target, pair.draft, prompt, method=args.method, gamma=args.gamma,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, drafter=args.drafter, dtype=args.dtype,
-        on_tokens=streamer, draft_stop=args.draft_stop, **options,
+        max_new_tokens=args.max_new_tokens, drafter=args.drafter, draft_stop=args.draft_stop,
+        on_tokens=streamer,
     )
     if args.json:
         payload = {"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}
@@ -211,7 +206,7 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         out.write("\n\n" + result.stats.summary() + "\n")
     if args.timeline is not None:
-        from verispec.engine.pearl.timeline import draw_timeline
+        from verispec.telemetry.timeline import draw_timeline
 
         st: Any = result.stats
         waits = ", ".join(f"{lane} waits {frac:.0%}" for lane, frac in st.wait_fraction.items())
@@ -254,37 +249,28 @@ def _read_prompts(path: str) -> list[dict[str, Any]]:
 
 def _cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from verispec.api import generate_batch
-    from verispec.models.loading import load_model
 
     if args.prompt is not None:
         raise ValueError("give either a prompt or --prompts FILE.jsonl, not both")
-    if getattr(args, "draft_stop", None) is not None:
+    if args.draft_stop is not None:
         raise ValueError("--draft-stop is not available with --prompts (batched decoding)")
     items = _read_prompts(args.prompts)
-    progress = (lambda msg: print(msg, file=err))
-    target = load_model(args.target, dtype=args.dtype, progress=progress)
-    info = METHODS[args.verifier]
-    draft: Any = None
-    if info.uses_draft and args.drafter == "model":
-        draft = load_model(args.draft, dtype=args.dtype, progress=progress,
-                           quantize=args.draft_quantize)
-    options = {k: getattr(args, k) for k in
-               ("epsilon", "residual", "num_drafts", "num_beams", "threshold", "paper_warp")}
+    pair = _pair(args, err, _needs_draft(args))
+    tokenizer = pair.target.tokenizer
+    prompts = [_chat(tokenizer, p) if args.chat and isinstance(p, str) else p
+               for p in (item["prompt"] for item in items)]
     batch = generate_batch(
-        target, draft, [item["prompt"] for item in items], verifier=args.verifier,
-        gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        pair.target, pair.draft, prompts, method=args.method, gamma=args.gamma,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seeds=[item.get("seed", args.seed) for item in items],
         max_new_tokens=[item.get("max_new_tokens", args.max_new_tokens) for item in items],
         batch_size=8 if args.batch_size is None else args.batch_size, drafter=args.drafter,
-        dtype=args.dtype, **options,
     )
-    for index, (item, result) in enumerate(zip(items, batch.results, strict=True)):
+    for index, (prompt, result) in enumerate(zip(prompts, batch.results, strict=True)):
         if args.json:
             payload = {"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}
             out.write(json.dumps(payload) + "\n")
             continue
-        prompt = item["prompt"]
-        tokenizer = getattr(target, "tokenizer", None)
         shown = prompt if isinstance(prompt, str) else (
             tokenizer.decode(prompt) if tokenizer is not None else " ".join(map(str, prompt)))
         st = result.stats
@@ -302,6 +288,9 @@ def _cmd_models(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for model in f.EMBEDDED_MODELS.values():
             path = f.fetch(model.name, force=args.force, progress=lambda m: print(m, file=err))
             out.write(f"{model.role:6}  {model.name}  {path}\n")
+        return 0
+    if args.models_command == "path":
+        out.write(f"{f.model_path(args.name, args.fmt)}\n")
         return 0
     for model in f.EMBEDDED_MODELS.values():
         path = f.cache_dir() / model.name

@@ -12,12 +12,20 @@ first maximal logit, so speculative verification reduces to exact matching.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["NonFiniteLogitsError", "Sampling", "check_finite", "sample_from"]
+__all__ = [
+    "NonFiniteLogitsError",
+    "Randomness",
+    "Sampling",
+    "check_finite",
+    "sample_from",
+    "warp_rows",
+]
 
 
 class NonFiniteLogitsError(ValueError):
@@ -125,3 +133,49 @@ def sample_from(probs: Tensor, generator: torch.Generator) -> Tensor:
     u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # keep u < total
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first index with cdf > u
+
+
+class Randomness:
+    """The random decisions of one request, all drawn from its own ``torch.Generator``.
+
+    Every random choice the engine makes for a request goes through one of these two calls,
+    in a fixed order (its draft tokens, then its verification's coins, then Y), so a
+    request's output with a seed does not depend on the other requests of its batch. Tests
+    substitute a subclass that enumerates every outcome with its probability
+    (:mod:`verispec.theory.replay`), proving the engine itself exact.
+    """
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def coins(self, accept_probs: Tensor) -> Tensor:
+        """accept_probs [n] -> [n] bool, True with probability accept_probs[i] (independent)."""
+        u = torch.rand(accept_probs.shape, generator=self.generator, dtype=accept_probs.dtype,
+                       device=accept_probs.device)
+        return u < accept_probs  # P(u < h) = h exactly for u in [0, 1)
+
+    def choose(self, probs: Tensor) -> Tensor:
+        """probs [M, V] -> [M] int64, one token drawn from each row."""
+        return sample_from(probs, self.generator)
+
+
+def warp_rows(logits: Tensor, samplings: Sequence[Sampling], who: str = "model") -> Tensor:
+    """Warped probabilities with a :class:`Sampling` per row.
+
+    Args:
+        logits: [R, ..., V] raw logits.
+        samplings: R warps (rows sharing one warp are warped in one call).
+    Returns:
+        [R, ..., V] probabilities (float64 for float64 logits, else float32).
+    """
+    if len(samplings) != logits.shape[0]:
+        raise ValueError(f"{len(samplings)} warps for {logits.shape[0]} rows")
+    first = samplings[0]
+    if all(s == first for s in samplings):
+        return first.probs(logits, who)
+    out = torch.empty(logits.shape, dtype=torch.float64 if logits.dtype == torch.float64
+                      else torch.float32, device=logits.device)
+    for s in dict.fromkeys(samplings):
+        rows = torch.tensor([i for i, t in enumerate(samplings) if t == s], device=logits.device)
+        out[rows] = s.probs(logits[rows], who)
+    return out

@@ -18,7 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verispec.methods import METHODS, build_method
+from verispec.methods import METHODS, build_method, parse_spec
+from verispec.methods.registry import split_list
 
 __all__ = [
     "PEERS",
@@ -71,9 +72,7 @@ class MethodSpec:
     @property
     def batchable(self) -> bool:
         """Whether batched decoding (``--batch-size`` > 1) supports the method."""
-        if self.is_peer or METHODS[self.name].runner is not None:
-            return False
-        return build_method(self.name, **self.option_dict()).drafter_kind == "sample"
+        return not self.is_peer and METHODS[self.name].batchable
 
     def option_dict(self) -> dict[str, Any]:
         return dict(self.options)
@@ -101,56 +100,10 @@ class Config:
         return str(self.gamma)
 
 
-def split_list(text: str) -> list[str]:
-    """Split on commas that are not inside brackets; strip blanks."""
-    items, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in {text!r}")
-        if ch == "," and depth == 0:
-            items.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise ValueError(f"unbalanced '[' in {text!r}")
-    items.append("".join(cur).strip())
-    return [i for i in items if i]
-
-
-def _value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_method(spec: str) -> MethodSpec:
     """``name`` or ``name[key=value,...]`` -> :class:`MethodSpec` (options checked now)."""
     spec = spec.strip()
-    name, options = spec, {}
-    if "[" in spec:
-        if not spec.endswith("]"):
-            raise ValueError(f"method spec {spec!r}: options go in brackets at the end, "
-                             "e.g. lossy[epsilon=0.1]")
-        name, inner = spec[:-1].split("[", 1)
-        for item in split_list(inner):
-            if "=" not in item:
-                raise ValueError(f"method spec {spec!r}: option {item!r} is not key=value")
-            key, val = item.split("=", 1)
-            options[key.strip().replace("-", "_")] = _value(val.strip())
-    name = name.strip()
+    name, options = parse_spec(spec)
     if name not in METHODS and name not in PEERS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEERS])}")
     if name in PEERS:

@@ -100,10 +100,10 @@ def score_nll(target: CausalLM, prompt: Sequence[int], output: Sequence[int]) ->
     """
     if not output:
         return 0.0
-    ids = torch.tensor([*prompt, *output], dtype=torch.int64, device=target.device)
     target.reset()
+    target.add_rows([[]])
     try:
-        logits = target.extend(ids, num_logits=len(output) + 1)  # [n+1, V]
+        logits = target.extend([[*prompt, *output]], num_logits=len(output) + 1)[0]  # [n+1, V]
         logp = torch.log_softmax(logits[:-1].double(), dim=-1)  # [n, V] float64
         picked = logp.gather(-1, torch.tensor(list(output), device=logp.device)[:, None])
         return -float(picked.sum())

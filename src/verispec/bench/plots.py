@@ -7,7 +7,7 @@
   γ (block-verification.txt, Figure 3);
 * ``acceptance_by_position.png`` — P(τ ≥ i | the draft had ≥ i tokens), at the largest γ;
 * ``pearl_timeline.png`` — the busy/idle timeline of the first result row that has one
-  (PEARL), drawn by :func:`verispec.engine.pearl.timeline.draw_timeline`.
+  (PEARL), drawn by :func:`verispec.telemetry.timeline.draw_timeline`.
 
 All plots use the pooled (``all`` category) rows at batch size 1.
 """
@@ -125,7 +125,7 @@ def _timeline(results: list[Row], path: Path) -> bool:
     if row is None:
         return False
     try:
-        from verispec.engine.pearl.timeline import draw_timeline
+        from verispec.telemetry.timeline import draw_timeline
     except ImportError:
         return False
     intervals = [tuple(iv) for iv in row["timeline"]]

@@ -229,7 +229,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# verispec bench", "",
         (f"- target `{meta['target']}`, draft `{meta['draft'] or '–'}`, "
-         f"{meta['dtype_note']}, device {meta['device']}, {meta['threads']} threads"),
+         f"{meta.get('precision_note', meta.get('dtype_note', ''))}, device {meta['device']}, {meta['threads']} threads"),
         f"- suites {', '.join(meta['suites'])}; prompts per category: {cats}",
         (f"- {meta['max_new_tokens']} new tokens, {meta['repeats']} repeat(s), seed "
          f"{meta['seed']}, drafter {meta['drafter']}"),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from verispec.api import generate
+from verispec.api import generate, load_pair
 from verispec.bench.grid import (
     parse_gammas,
     parse_ints,
@@ -21,7 +21,6 @@ from verispec.bench.report import compare, render_markdown
 from verispec.bench.runner import BenchSettings, run_benchmark
 from verispec.bench.suites import load_suite
 from verispec.models.base import CausalLM
-from verispec.models.loading import load_model, resolve_dtype
 
 __all__ = ["Row", "benchmark", "demo", "humaneval_prompts", "settings_from_args"]
 
@@ -46,17 +45,17 @@ class Row:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _load_pair(args: argparse.Namespace, err: TextIO) -> tuple[CausalLM, CausalLM, str]:
-    progress = (lambda msg: print(msg, file=err))
-    target = load_model(args.target, dtype=args.dtype, progress=progress)
-    draft = load_model(args.draft, dtype=args.dtype, progress=progress,
-                       quantize=args.draft_quantize)
-    return target, draft, resolve_dtype(args.dtype, target.device)[1]
+def _load_pair(args: argparse.Namespace, err: TextIO) -> tuple[CausalLM, CausalLM]:
+    pair = load_pair(args.target, args.draft, precision=args.target_precision or args.precision,
+                     draft_precision=args.draft_precision or args.precision,
+                     progress=lambda msg: print(msg, file=err))
+    assert pair.draft is not None
+    return pair.target, pair.draft
 
 
 def _run_ours(row: Row, method: str, target: CausalLM, draft: CausalLM, ids: list[int],
               args: argparse.Namespace) -> None:
-    r = generate(target, draft, ids, verifier=method, gamma=args.gamma if method != "ar" else None,
+    r = generate(target, draft, ids, method=method, gamma=args.gamma if method != "ar" else None,
                  temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
     row.tokens += r.stats.tokens_emitted
     row.seconds += r.stats.wall_time_s
@@ -78,11 +77,12 @@ def _table(rows: list[Row], base: Row, out: TextIO) -> None:
 
 
 def demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    target, draft, dtype_note = _load_pair(args, err)
+    target, draft = _load_pair(args, err)
     prompt = humaneval_prompts(args.task + 1)[args.task]
     ids = list(target.tokenizer.encode(prompt))  # type: ignore[attr-defined]
     out.write(f"HumanEval/{args.task}, {len(ids)} prompt tokens, γ={args.gamma}, "
-              f"T={args.temperature:g}, {args.max_new_tokens} new tokens; dtype {dtype_note}\n")
+              f"T={args.temperature:g}, {args.max_new_tokens} new tokens; precision target "
+              f"{target.precision}, draft {draft.precision}\n")
     rows = [Row(m) for m in ("ar", "token", "block")]
     for row in rows:  # warm-up
         _run_ours(Row(row.name), row.name, target, draft, ids[:16], args)
@@ -108,7 +108,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         categories=split_list(args.categories) if args.categories else None,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed,
         batch_sizes=parse_ints(args.batch_size, "batch size"), target=args.target,
-        draft=args.draft, dtype=args.dtype, draft_quantize=args.draft_quantize,
+        draft=args.draft, precision=args.precision, target_precision=args.target_precision,
+        draft_precision=args.draft_precision,
         drafter=args.drafter,
         chat_template=args.chat_template, warmup=args.warmup)
 

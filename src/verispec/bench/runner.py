@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 import torch
 
+from verispec.api import generate_batch
 from verispec.bench.grid import Config, expand_grid, parse_method
 from verispec.bench.measure import MemoryMeter, derive_seed, score_nll
 from verispec.bench.metrics import summarize
@@ -38,7 +39,7 @@ from verispec.bench.suites import Prompt, encode, load_suites
 from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM
 
-__all__ = ["BenchSettings", "batched_generate", "plan", "read_results", "run_benchmark"]
+__all__ = ["BenchSettings", "plan", "read_results", "run_benchmark"]
 
 Row = dict[str, Any]
 
@@ -74,25 +75,19 @@ class BenchSettings:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     target: str = ""
     draft: str = ""
-    dtype: str = "auto"
-    draft_quantize: str = "none"
+    precision: str = "auto"
+    target_precision: str | None = None
+    draft_precision: str | None = None
     drafter: str = "model"
     chat_template: str = "auto"
     warmup: bool = True
 
     def meta(self, target_name: str, draft_name: str) -> dict[str, Any]:
         """The settings a resumed run must share with the original."""
-        return {"target": target_name, "draft": draft_name, "dtype": self.dtype,
+        return {"target": target_name, "draft": draft_name, "precision": self.precision,
+                "target_precision": self.target_precision, "draft_precision": self.draft_precision,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "drafter": self.drafter, "chat_template": self.chat_template}
-
-
-def batched_generate() -> Callable[..., Any] | None:
-    """:func:`verispec.api.generate_batch` (batched decoding), if this build has it."""
-    from verispec import api
-
-    fn = getattr(api, "generate_batch", None)
-    return fn if callable(fn) else None
 
 
 def _stats_fields(stats: dict[str, Any]) -> Row:
@@ -182,9 +177,9 @@ class _Runner:
 
         with MemoryMeter(self.target.device) as mem:
             result = generate(
-                self.target, self.draft, ids, verifier=c.method.name, gamma=c.gamma,
+                self.target, self.draft, ids, method=c.method.name, gamma=c.gamma,
                 temperature=c.temperature, seed=seed, max_new_tokens=max_new,
-                drafter=self.s.drafter, dtype=self.s.dtype, **c.method.option_dict())
+                drafter=self.s.drafter, **c.method.option_dict())
         return result, mem.peak_mb, mem.source
 
     def _peer(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
@@ -200,10 +195,8 @@ class _Runner:
         ids = self.encoded[0][:WARMUP_TOKENS]
         max_new = min(WARMUP_TOKENS, self.s.max_new_tokens)
         if c.batch_size > 1:
-            fn = batched_generate()
-            assert fn is not None
-            fn(self.target, self.draft, [ids] * c.batch_size,
-               **self._batch_kwargs(c, list(range(c.batch_size)), max_new))
+            generate_batch(self.target, self.draft, [ids] * c.batch_size,
+                           **self._batch_kwargs(c, list(range(c.batch_size)), max_new))
         elif c.method.is_peer:
             self._peer(c, ids, 0, max_new)
         else:
@@ -247,24 +240,20 @@ class _Runner:
         return [row]
 
     def _batch_kwargs(self, c: Config, seeds: list[int], max_new: int) -> dict[str, Any]:
-        return {"verifier": c.method.name, "gamma": c.gamma, "temperature": c.temperature,
+        return {"method": c.method.name, "gamma": c.gamma, "temperature": c.temperature,
                 "seeds": seeds, "max_new_tokens": max_new, "batch_size": c.batch_size,
-                "drafter": self.s.drafter, "dtype": self.s.dtype, **c.method.option_dict()}
+                "drafter": self.s.drafter, **c.method.option_dict()}
 
     def run_batch(self, unit: Unit) -> list[Row]:
         """One batched call on up to ``batch_size`` prompts. The call's wall time (and
         energy) is shared among its rows in proportion to their tokens, so that sums over
         rows give the batch's throughput."""
         c = unit.config
-        fn = batched_generate()
-        if fn is None:
-            raise RuntimeError("--batch-size > 1 needs batched decoding (issue 7), which this "
-                               "build does not have")
         seeds = [derive_seed(self.s.seed, unit.repeat, self.prompts[i].id) for i in unit.prompts]
         batch = [self.encoded[i] for i in unit.prompts]
         with MemoryMeter(self.target.device) as mem:
-            out = fn(self.target, self.draft, batch,
-                     **self._batch_kwargs(c, seeds, self.s.max_new_tokens))
+            out = generate_batch(self.target, self.draft, batch,
+                                 **self._batch_kwargs(c, seeds, self.s.max_new_tokens))
         call_seconds = float(out.stats.wall_time_s)
         energy = out.stats.energy_joules
         total = sum(len(r.tokens) for r in out.results) or 1
@@ -283,21 +272,13 @@ class _Runner:
 
 
 def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[CausalLM, CausalLM | None]:
-    from verispec.models.loading import load_model
+    from verispec.api import load_pair
 
-    progress = (lambda msg: print(msg, file=err))
-    target = load_model(s.target, dtype=s.dtype, progress=progress)
-    draft = (load_model(s.draft, dtype=s.dtype, progress=progress, quantize=s.draft_quantize)
-             if needs_draft else None)
-    return target, draft
-
-
-def _dtype_note(s: BenchSettings, target: CausalLM) -> str:
-    if hasattr(target, "model"):
-        from verispec.models.loading import resolve_dtype
-
-        return resolve_dtype(s.dtype, target.device)[1]
-    return "float64 (exact toy model)"
+    pair = load_pair(s.target, s.draft, needs_draft=needs_draft,
+                     precision=s.target_precision or s.precision,
+                     draft_precision=s.draft_precision or s.precision,
+                     progress=lambda msg: print(msg, file=err))
+    return pair.target, pair.draft
 
 
 def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
@@ -325,9 +306,6 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
     configs = expand_grid(s.methods, s.temperatures, s.gammas, [1])
     batched = [b for b in s.batch_sizes if b > 1]
     if batched:
-        if batched_generate() is None:
-            raise RuntimeError("--batch-size > 1 needs batched decoding (issue 7), which this "
-                               "build does not have")
         skipped = [m.label for m in s.methods if not m.batchable]
         if skipped:
             print(f"batch sizes > 1: {', '.join(skipped)} cannot run batched; they run at "
@@ -380,7 +358,9 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
         counts[p.category] = counts.get(p.category, 0) + 1
     meta = {
         **s.meta(*names),
-        "dtype_note": _dtype_note(s, target), "device": str(target.device),
+        "precision_note": f"target {target.precision}"
+                          + (f", draft {draft.precision}" if draft is not None else ""),
+        "device": str(target.device),
         "threads": torch.get_num_threads(), "suites": list(s.suites),
         "prompts_per_category": counts, "repeats": s.repeats,
         "methods": [m.label for m in s.methods], "temperatures": list(s.temperatures),

@@ -1,32 +1,41 @@
-"""The drafter interface: ``propose`` a block, then get ``feedback`` on what was kept."""
+"""The drafter interface: ``propose`` blocks for some rows, then get ``feedback`` on what
+was kept. A single prompt is a batch of one, exactly like in the engine.
+
+A drafter sees the engine's rows through :class:`DraftRow`: each has an id, its context
+(prompt and output so far), its own :class:`~verispec.sampling.Randomness`, its warp, how
+many i.i.d. drafts it wants and whether it verifies by plain matching (temperature 0 with a
+method for which that is exact; then q is not needed and not built).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-import torch
 from torch import Tensor
 
-__all__ = ["Draft", "Drafter"]
+from verispec.sampling import Randomness, Sampling
+
+__all__ = ["Draft", "DraftRow", "Drafter"]
 
 
 @dataclass
 class Draft:
-    """A proposed block (or M alternative blocks).
+    """The block(s) proposed for one row.
 
     Attributes:
         tokens: [M, γ] int64 draft tokens (M = 1 unless several drafts were asked for).
         probs: [M, γ, V] q, the exact distribution each token was drawn from (one-hot for
-            deterministic drafters).
-        next_probs: [M, V] q after the whole block, only when asked for (``with_next=True``).
-        joint: [M, γ] the draft model's joint probability q(x_1..x_j) of each prefix, for
+            deterministic drafters); None for a row that verifies by matching.
+        next_probs: [M, V] q after the whole block, only when asked for (``with_next``).
+        joint: [M, γ] the drafter's joint probability q(x_1..x_j) of each prefix, for
             drafters that rank blocks by likelihood (beam search); else None.
     """
 
     tokens: Tensor
-    probs: Tensor
+    probs: Tensor | None = None
     next_probs: Tensor | None = None
     joint: Tensor | None = None
 
@@ -35,33 +44,48 @@ class Draft:
         return int(self.tokens.shape[1])
 
 
-class Drafter(ABC):
-    """Proposes draft blocks for one request at a time."""
+class DraftRow(Protocol):
+    """What a drafter knows of one request."""
 
-    #: True when q is one-hot by construction (n-gram, beam search).
-    deterministic: bool = False
+    id: int
+    context: list[int]
+    random: Randomness
+    sampling: Sampling
+    num_drafts: int
+    with_next: bool
+    matching: bool
+
+
+class Drafter(ABC):
+    """Proposes draft blocks for the rows assigned to it."""
 
     @property
     def forward_calls(self) -> int:
         """Draft-model forward passes so far (0 for model-free drafters)."""
         return 0
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """Start a new request whose context is ``prompt``."""
+    def row_calls(self, row_id: int) -> int:
+        """Draft-model forward passes that included request ``row_id`` (prefill included)."""
+        return 0
+
+    @property
+    def max_length(self) -> int | None:
+        """Context window of the draft model (None: no limit of its own)."""
+        return None
+
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        """New requests join (the draft model prefills their prompts)."""
+
+    def release(self, rows: Sequence[DraftRow]) -> None:
+        """These requests are finished; forget them."""
 
     @abstractmethod
-    def propose(
-        self,
-        context: Sequence[int],
-        gamma: int,
-        generator: torch.Generator,
-        *,
-        num_drafts: int = 1,
-        with_next: bool = False,
-    ) -> Draft:
-        """Draft up to ``gamma`` tokens after ``context`` (a drafter may return fewer)."""
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Draft]:
+        """Draft up to ``gammas[b]`` tokens after ``rows[b].context`` (a drafter may return
+        fewer; γ_b = 0 gives an empty draft)."""
 
     @abstractmethod
-    def feedback(self, context: Sequence[int], num_accepted: int, branch: int = 0) -> None:
-        """``context`` now ends with the accepted draft tokens and the next token; the kept
-        tokens came from draft ``branch``."""
+    def feedback(self, rows: Sequence[DraftRow], accepted: Sequence[int],
+                 branches: Sequence[int]) -> None:
+        """Each row's context now ends with its accepted draft tokens and the next token;
+        the kept tokens came from draft ``branches[b]``. Only rows that were proposed to."""

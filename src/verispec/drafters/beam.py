@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verispec.drafters.base import Draft, Drafter
+from verispec.checks import check_positive
+from verispec.drafters.base import Draft, Drafter, DraftRow
 from verispec.models.base import CausalLM
 from verispec.sampling import Sampling
 
@@ -102,14 +103,13 @@ def beam_search(
         hist = torch.cat([hist[parents], step[:, None]], dim=1)  # [R', i+1, 3]
         score = score[parents] + q[parents, tokens].log()  # [R']
         if i < steps - 1 or with_next:
-            if not torch.equal(parents, torch.arange(model.rows, device=parents.device)):
-                model.reorder_rows(parents)
-            logits = model.extend(tokens[:, None].to(model.device), num_logits=1)[:, 0]  # [R', V]
+            model.select_rows(parents.tolist())  # a no-op when the beams keep their rows
+            logits = model.extend(tokens[:, None], num_logits=1)[:, 0]  # [R', V]
             positions += len(tokens)
             parents = torch.arange(len(tokens), device=parents.device)  # row r is beam r now
     best = hist[0]  # [K, 3]: the best beam is ranked first
     fed = steps if with_next else steps - 1
-    model.join(int(parents[0]), model.length)
+    model.select_rows([int(parents[0])])
     return BeamResult(
         tokens=best[:, 0].to(torch.int64),
         probs=best[:, 1],
@@ -124,58 +124,69 @@ class BeamDrafter(Drafter):
     """Drafts the best beam of a beam search on the warped draft model (MJSD's drafter).
 
     Deterministic: ``Draft.probs`` is one-hot on the drafted tokens and ``Draft.joint`` [1, γ]
-    holds q(x_1..x_j) of the best beam under the warped draft distribution. The draft
-    cache follows :class:`~verispec.drafters.model.ModelDrafter`'s discipline: after
-    ``feedback`` the model holds one row, the longest prefix of the new context it has
-    already processed, and the next ``propose`` feeds only the rest.
+    holds q(x_1..x_j) of the best beam under the warped draft distribution. Every request
+    searches in a model of its own (:meth:`~verispec.models.base.CausalLM.spawn`: the same
+    weights, its own cache), which after ``feedback`` holds the longest prefix of the new
+    context it has already processed; the next ``propose`` feeds only the rest.
     """
 
-    deterministic = True
-
-    def __init__(self, model: CausalLM, sampling: Sampling, num_beams: int = 8) -> None:
-        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-            raise ValueError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    def __init__(self, model: CausalLM, num_beams: int = 8) -> None:
         self.model = model
-        self.sampling = sampling
-        self.num_beams = num_beams
-        self._base = 0
-        self._fed = 0
+        self.num_beams = check_positive("num_beams", num_beams)
+        self._models: dict[int, CausalLM] = {}
+        self._base: dict[int, int] = {}
+        self._fed: dict[int, int] = {}
+        self._calls = 0
 
     @property
     def forward_calls(self) -> int:
-        return self.model.forward_calls
+        return self._calls + sum(m.forward_calls for m in self._models.values())
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.model.reset()
+    @property
+    def max_length(self) -> int | None:
+        return self.model.max_length
 
-    def propose(
-        self,
-        context: Sequence[int],
-        gamma: int,
-        generator: torch.Generator,
-        *,
-        num_drafts: int = 1,
-        with_next: bool = False,
-    ) -> Draft:
-        if num_drafts != 1:
-            raise ValueError(f"the beam drafter returns one draft (the best beam), not {num_drafts}")
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        for r in rows:
+            model = self.model.spawn()
+            model.add_rows([r.context[:-1]])
+            self._models[r.id], self._base[r.id], self._fed[r.id] = model, 0, 0
+
+    def release(self, rows: Sequence[DraftRow]) -> None:
+        for r in rows:
+            model = self._models.pop(r.id)
+            self._calls += model.forward_calls
+
+    def row_calls(self, row_id: int) -> int:
+        return self._models[row_id].forward_calls
+
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Draft]:
+        return [self._propose_one(r, g) for r, g in zip(rows, gammas, strict=True)]
+
+    def _propose_one(self, row: DraftRow, gamma: int) -> Draft:
+        if row.num_drafts != 1:
+            raise ValueError(f"the beam drafter returns one draft (the best beam), not {row.num_drafts}")
+        model = self._models[row.id]
         if gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {gamma}")
-        model = self.model
-        tail = torch.tensor(list(context[model.length :]), dtype=torch.int64, device=model.device)
-        first = model.extend(tail, num_logits=1)[0]  # [V]
-        beam = beam_search(model, first, gamma, self.num_beams, self.sampling, with_next=with_next)
-        self._base, self._fed = len(context), beam.fed
+            return Draft(tokens=torch.empty((1, 0), dtype=torch.int64),
+                         probs=torch.empty((1, 0, model.vocab_size)),
+                         joint=torch.empty((1, 0), dtype=torch.float64))
+        first = model.extend([row.context[model.length :]], num_logits=1)[0, 0]  # [V]
+        beam = beam_search(model, first, gamma, self.num_beams, row.sampling,
+                           with_next=row.with_next)
+        self._base[row.id], self._fed[row.id] = len(row.context), beam.fed
         tokens = beam.tokens[None].to(model.device)  # [1, γ]
         dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
         probs = torch.zeros((1, gamma, model.vocab_size), dtype=dtype, device=model.device)
         probs.scatter_(-1, tokens[..., None], 1.0)  # [1, γ, V] one-hot
         next_probs = None
         if beam.next_logits is not None:
-            next_probs = self.sampling.probs(beam.next_logits[None], model.name)  # [1, V]
+            next_probs = row.sampling.probs(beam.next_logits[None], model.name)  # [1, V]
         joint = torch.cumprod(beam.probs, dim=0)[None]  # [1, γ] q(x_1..x_j), float64
         return Draft(tokens=tokens, probs=probs, next_probs=next_probs, joint=joint)
 
-    def feedback(self, context: Sequence[int], num_accepted: int, branch: int = 0) -> None:
-        valid = min(self._base + min(num_accepted, self._fed), self.model.length)
-        self.model.rollback(valid)
+    def feedback(self, rows: Sequence[DraftRow], accepted: Sequence[int],
+                 branches: Sequence[int]) -> None:
+        for r, tau in zip(rows, accepted, strict=True):
+            model = self._models[r.id]
+            model.rollback(min(self._base[r.id] + min(int(tau), self._fed[r.id]), model.length))

@@ -1,96 +1,198 @@
-"""Draft-model drafter: autoregressive sampling from q with the run's warp."""
+"""Draft-model drafter: autoregressive sampling from q for every row at once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
-from verispec.drafters.base import Draft, Drafter
+from verispec.drafters.base import Draft, Drafter, DraftRow
 from verispec.models.base import CausalLM
-from verispec.sampling import Sampling, sample_from
+from verispec.sampling import warp_rows
 
 __all__ = ["ModelDrafter"]
 
 
 class ModelDrafter(Drafter):
-    """Samples X_i ~ q(· | context, X_<i) and keeps each q exactly as sampled.
+    """Samples X_i ~ q(· | context, X_<i) for every row, keeping each q exactly as sampled.
 
-    ``stop_below`` (optional, in (0, 1]) ends the draft early, after at least one token, when
-    the draft model's own confidence in its next token, max_x q₁(x | context, X^i) under its
-    unwarped (temperature 1) distribution, falls below the threshold; a draft the model itself
-    doubts is likely rejected, and every draft forward costs time. The draft length is then a
-    stopping time of the draft prefix alone, which keeps token and block verification
-    lossless (checked by exact enumeration in the tests).
+    The rows advance together: one batched draft forward pass per draft position, each row
+    sampling its own tokens with its own :class:`~verispec.sampling.Randomness` (M i.i.d.
+    drafts for multi-draft methods, by forking the row into M cache rows). A row that
+    verifies by matching takes the argmax and builds no q.
 
-    The draft model's cache is kept consistent with the context: after ``feedback`` it holds
-    the longest prefix of the new context it has already processed, and the next
-    ``propose`` feeds the rest (the next token, plus X_γ when the whole block was accepted)
-    in one forward pass.
+    ``stop_below`` (optional, in (0, 1]) ends a row's draft early, after at least one token,
+    when the draft model's own confidence in its next token, max_x q₁(x | context, X^i)
+    under its unwarped (temperature 1) distribution, falls below the threshold: a draft the
+    model itself doubts is likely rejected, and every draft forward costs time. The draft
+    length is then a stopping time of the draft prefix alone, which keeps token and block
+    verification lossless (checked by exact enumeration in the tests).
+
+    Cache discipline: after ``feedback`` a row holds the longest prefix of its new context
+    already processed, and the next ``propose`` feeds the rest (the next token, plus X_γ
+    when the whole block was accepted) in its first pass.
     """
 
-    def __init__(self, model: CausalLM, sampling: Sampling, *,
-                 stop_below: float | None = None) -> None:
+    def __init__(self, model: CausalLM, *, stop_below: float | None = None) -> None:
         if stop_below is not None and not 0.0 < stop_below <= 1.0:
             raise ValueError(f"draft stop threshold must be in (0, 1], got {stop_below}")
         self.model = model
-        self.sampling = sampling
         self.stop_below = stop_below
-        self._base = 0
-        self._fed = 0  # draft tokens fed to the model in the last proposal
+        self._ids: list[int] = []  # request id of each cache row (outside a proposal)
+        self._base: dict[int, int] = {}  # context length at the last proposal
+        self._fed: dict[int, int] = {}  # draft tokens fed to the model in the last proposal
+        self._forks: list[int] = []  # cache rows per slot during a multi-draft proposal
+        self._row_calls: dict[int, int] = {}  # draft forward passes that included each row
 
     @property
     def forward_calls(self) -> int:
         return self.model.forward_calls
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.model.reset()
+    @property
+    def max_length(self) -> int | None:
+        return self.model.max_length
 
-    def propose(
-        self,
-        context: Sequence[int],
-        gamma: int,
-        generator: torch.Generator,
-        *,
-        num_drafts: int = 1,
-        with_next: bool = False,
-    ) -> Draft:
-        model, m = self.model, num_drafts
-        tail = torch.tensor(list(context[model.length :]), dtype=torch.int64, device=model.device)
-        logits = model.extend(tail, num_logits=1)  # [1, V]
-        q = self.sampling.probs(logits, model.name).expand(m, -1)  # [M, V]
-        if m > 1:
-            model.fork(m)
-        tokens, probs = [], []
-        fed = 0  # draft tokens fed back into the model
-        for i in range(gamma):
-            x = sample_from(q, generator)  # [M]
-            tokens.append(x)
-            probs.append(q)
-            if i < gamma - 1 or with_next:
-                out = model.extend(x.unsqueeze(-1) if m > 1 else x, num_logits=1)
-                fed += 1
-                logits = out[:, 0] if m > 1 else out  # [M, V]
-                q = self.sampling.probs(logits, model.name)  # [M, V]
-                if i < gamma - 1 and m == 1 and self._doubts(logits):
-                    break  # the draft doubts its next token: stop here (X^{i+1} is the draft)
-        self._base = len(context)
-        self._fed = fed
-        return Draft(
-            tokens=torch.stack(tokens, dim=1) if tokens else torch.empty((m, 0), dtype=torch.int64),
-            probs=torch.stack(probs, dim=1) if probs else q.new_empty((m, 0, model.vocab_size)),
-            next_probs=q if with_next else None,
-        )
+    def row_calls(self, row_id: int) -> int:
+        return self._row_calls.get(row_id, 0)
 
-    def _doubts(self, logits: torch.Tensor) -> bool:
-        """True if max_x q₁(x) < stop_below for the raw next-token logits [1, V]."""
-        if self.stop_below is None:
+    def admit(self, rows: Sequence[DraftRow]) -> None:
+        self.model.add_rows([r.context[:-1] for r in rows])
+        for r in rows:
+            self._ids.append(r.id)
+            self._base[r.id] = self._fed[r.id] = 0
+            self._row_calls[r.id] = 1 if len(r.context) > 1 else 0
+
+    def release(self, rows: Sequence[DraftRow]) -> None:
+        gone = {r.id for r in rows}
+        keep = [s for s, i in enumerate(self._ids) if i not in gone]
+        self.model.select_rows(keep)
+        self._ids = [self._ids[s] for s in keep]
+        for i in gone:
+            self._base.pop(i, None)
+            self._fed.pop(i, None)
+            self._row_calls.pop(i, None)
+
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Draft]:
+        model = self.model
+        slot_of = {i: s for s, i in enumerate(self._ids)}
+        slots = [slot_of[r.id] for r in rows]
+        lengths = model.lengths
+        tails: list[list[int]] = [[] for _ in self._ids]
+        for r, g, s in zip(rows, gammas, slots, strict=True):
+            if g > 0:
+                tails[s] = r.context[lengths[s]:]
+        if not any(tails):
+            return [_empty(r, model.vocab_size) for r in rows]
+        logits = model.extend(tails, num_logits=1)[:, 0]  # [R, V]
+        forks = [1] * len(self._ids)
+        for r, g, s in zip(rows, gammas, slots, strict=True):
+            forks[s] = r.num_drafts if g > 0 else 1
+        start = [sum(forks[:s]) for s in range(len(forks))]
+        if any(f > 1 for f in forks):
+            model.select_rows([s for s in range(len(forks)) for _ in range(forks[s])])
+            logits = logits[torch.tensor([s for s in range(len(forks)) for _ in range(forks[s])],
+                                         device=logits.device)]  # [R', V]
+        self._forks = forks
+        return self._sample(rows, gammas, slots, start, logits, tails)
+
+    def _sample(self, rows: Sequence[DraftRow], gammas: Sequence[int], slots: list[int],
+                start: list[int], logits: Tensor, tails: list[list[int]]) -> list[Draft]:
+        """The per-position loop: sample every live row, feed them all in one pass."""
+        model, n = self.model, len(rows)
+        live = [g > 0 for g in gammas]
+        spans = [slice(start[s], start[s] + self._forks[s]) for s in slots]  # cache rows per row
+        tokens: list[list[Tensor]] = [[] for _ in range(n)]
+        probs: list[list[Tensor]] = [[] for _ in range(n)]
+        q = self._warp(rows, spans, live, logits)  # per row [M, V] (None when matching)
+        for b, r in enumerate(rows):
+            self._fed[r.id] = 0
+            if tails[slots[b]]:
+                self._row_calls[r.id] += 1
+        for i in range(max(gammas, default=0)):
+            feed: list[list[int]] = [[] for _ in range(logits.shape[0])]
+            for b, r in enumerate(rows):
+                if not live[b] or i >= gammas[b]:
+                    continue
+                x = logits[spans[b]].argmax(-1) if r.matching else r.random.choose(q[b])  # [M]
+                tokens[b].append(x)
+                if not r.matching:
+                    probs[b].append(q[b])
+                if i < gammas[b] - 1 or r.with_next:
+                    for j, t in enumerate(x.tolist()):
+                        feed[spans[b].start + j] = [t]
+                else:
+                    live[b] = False
+            if not any(feed):
+                break
+            logits = model.extend(feed, num_logits=1)[:, 0]  # [R', V]
+            fed = [bool(feed[spans[b].start]) for b in range(n)]
+            fresh = self._warp(rows, spans, fed, logits)
+            for b, r in enumerate(rows):
+                if fed[b]:
+                    q[b] = fresh[b]
+                    self._row_calls[r.id] += 1
+                    self._fed[r.id] = i + 1
+                    if i < gammas[b] - 1 and self._doubts(logits[spans[b]], r.num_drafts):
+                        live[b] = False  # the draft doubts its next token: X^{i+1} is the draft
+        drafts = []
+        for b, r in enumerate(rows):
+            self._base[r.id] = len(r.context)
+            if not tokens[b]:
+                drafts.append(_empty(r, model.vocab_size))
+                continue
+            drafts.append(Draft(
+                tokens=torch.stack(tokens[b], dim=1),  # [M, γ]
+                probs=None if r.matching else torch.stack(probs[b], dim=1),  # [M, γ, V]
+                next_probs=q[b] if r.with_next and q[b] is not None else None))  # [M, V]
+        return drafts
+
+    def _warp(self, rows: Sequence[DraftRow], spans: list[slice], wanted: list[bool],
+              logits: Tensor) -> list[Tensor | None]:
+        """q [M, V] per row whose next token is wanted and sampled (None otherwise)."""
+        need = [b for b, r in enumerate(rows) if wanted[b] and not r.matching]
+        out: list[Tensor | None] = [None] * len(rows)
+        if not need:
+            return out
+        if len(need) == 1 and len(rows) == 1:
+            out[0] = rows[0].sampling.probs(logits[spans[0]], self.model.name)
+            return out
+        idx = torch.cat([torch.arange(spans[b].start, spans[b].stop) for b in need])
+        samplings = [rows[b].sampling for b in need for _ in range(spans[b].stop - spans[b].start)]
+        warped = warp_rows(logits[idx.to(logits.device)], samplings, self.model.name)  # [R'', V]
+        at = 0
+        for b in need:
+            width = spans[b].stop - spans[b].start
+            out[b] = warped[at : at + width]
+            at += width
+        return out
+
+    def _doubts(self, logits: Tensor, num_drafts: int) -> bool:
+        """True if max_x q₁(x) < stop_below for one draft's raw next-token logits [1, V]."""
+        if self.stop_below is None or num_drafts != 1:
             return False
         return bool(torch.softmax(logits[0].float(), -1).max() < self.stop_below)
 
-    def feedback(self, context: Sequence[int], num_accepted: int, branch: int = 0) -> None:
-        valid = self._base + min(num_accepted, self._fed)
-        if self.model.rows > 1:
-            self.model.join(branch, valid)
-        else:
-            self.model.rollback(min(valid, self.model.length))
+    def feedback(self, rows: Sequence[DraftRow], accepted: Sequence[int],
+                 branches: Sequence[int]) -> None:
+        model, forks = self.model, self._forks
+        if any(f > 1 for f in forks):
+            slot_of = {i: s for s, i in enumerate(self._ids)}
+            branch_of = {slot_of[r.id]: int(b) for r, b in zip(rows, branches, strict=True)}
+            start = [sum(forks[:s]) for s in range(len(forks))]
+            model.select_rows([start[s] + (branch_of.get(s, 0) if forks[s] > 1 else 0)
+                               for s in range(len(forks))])
+        self._forks = [1] * len(self._ids)
+        lengths = model.lengths
+        slot_of = {i: s for s, i in enumerate(self._ids)}
+        target = list(lengths)
+        for r, tau in zip(rows, accepted, strict=True):
+            s = slot_of[r.id]
+            target[s] = min(self._base[r.id] + min(int(tau), self._fed[r.id]), lengths[s])
+        model.rollback(target)
+
+
+def _empty(row: DraftRow, vocab: int) -> Draft:
+    m = row.num_drafts
+    return Draft(tokens=torch.empty((m, 0), dtype=torch.int64),
+                 probs=None if row.matching else torch.empty((m, 0, vocab)))

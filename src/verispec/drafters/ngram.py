@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.drafters.base import Draft, Drafter
+from verispec.drafters.base import Draft, Drafter, DraftRow
 
 __all__ = ["NgramDrafter"]
 
@@ -19,8 +19,6 @@ class NgramDrafter(Drafter):
     """Finds the most recent earlier occurrence of the last n context tokens
     (n = ``max_ngram`` down to ``min_ngram``) and proposes the tokens that followed it.
     Proposes nothing (γ = 0, a plain target step) when there is no match."""
-
-    deterministic = True
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not (1 <= min_ngram <= max_ngram):
@@ -38,22 +36,20 @@ class NgramDrafter(Drafter):
                     return ctx[start + n : start + n + gamma]
         return []
 
-    def propose(
-        self,
-        context: Sequence[int],
-        gamma: int,
-        generator: torch.Generator,
-        *,
-        num_drafts: int = 1,
-        with_next: bool = False,
-    ) -> Draft:
-        if num_drafts != 1 or with_next:
-            raise ValueError("the n-gram drafter proposes a single deterministic draft only")
-        proposal = self.lookup(context, gamma)
-        tokens = torch.tensor([proposal], dtype=torch.int64).reshape(1, len(proposal))
-        probs = torch.zeros((1, len(proposal), self.vocab_size), dtype=torch.float64)
-        probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
-        return Draft(tokens=tokens, probs=probs)
+    def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Draft]:
+        drafts = []
+        for r, g in zip(rows, gammas, strict=True):
+            if r.num_drafts != 1 or r.with_next:
+                raise ValueError("the n-gram drafter proposes a single deterministic draft only")
+            proposal = self.lookup(r.context, g) if g > 0 else []
+            tokens = torch.tensor([proposal], dtype=torch.int64).reshape(1, len(proposal))
+            probs = None
+            if not r.matching:  # q is one-hot on each proposed token
+                probs = torch.zeros((1, len(proposal), self.vocab_size), dtype=torch.float64)
+                probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
+            drafts.append(Draft(tokens=tokens, probs=probs))
+        return drafts
 
-    def feedback(self, context: Sequence[int], num_accepted: int, branch: int = 0) -> None:
+    def feedback(self, rows: Sequence[DraftRow], accepted: Sequence[int],
+                 branches: Sequence[int]) -> None:
         return None

@@ -1,190 +1,278 @@
-"""The speculative decoding loop (Algorithm 3 of block-verification.txt).
+"""The speculative decoding loop (Algorithm 3 of block-verification.txt), for a batch of
+requests; a single prompt is a batch of one. Each iteration, for every active row:
 
-One request, one sequence. Each iteration:
+1. **Draft** γ_b = min(γ policy, room_b − 1) tokens (M drafts for multi-draft methods).
+2. **Score** the pending token and the block(s) of every row in one target forward pass.
+3. **Verify**: each method verifies all of its rows in one call and returns τ_b and Y_b.
+4. **Accept** X_1..X_τ, Y (truncated at the first EOS and at the budget), roll every row of
+   the target back to its accepted prefix and tell the drafters what was kept.
 
-1. **Draft** up to γ tokens (M drafts for multi-draft methods) from the drafter.
-2. **Score** the pending context tokens and the block with the target in one forward pass,
-   giving p at positions 0..γ.
-3. **Verify**: the method returns τ accepted draft tokens and the next token Y.
-4. **Accept** X_1..X_τ, Y — truncated at the first EOS and at the token budget.
-5. **Roll back** the target's cache to the accepted prefix; tell the drafter what was kept.
-
-γ = 0 is plain autoregressive decoding through the same code (``--verifier ar``).
+Rows join (:meth:`Engine.submit`) and leave (EOS, budget, context window,
+:meth:`Engine.cancel`) between iterations: continuous batching. γ = 0 is plain
+autoregressive decoding through the same code (``ar``). Every random decision of a row comes
+from its own :class:`~verispec.sampling.Randomness` in the same order whatever its batch,
+so its output with a seed does not depend on the other rows (exactly on the float64 toy
+models; up to the rounding of batched kernels on real ones).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from itertools import count
+from typing import TypeVar
 
 import torch
 
-from verispec.drafters.base import Draft, Drafter
-from verispec.engine.methods import Method
+from verispec.checks import check_positive
+from verispec.drafters.base import Draft
+from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
+from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
 from verispec.engine.stats import Stats
-from verispec.models.base import CausalLM, ContextTooLongError
-from verispec.sampling import Sampling
+from verispec.models.base import CausalLM
+from verispec.verify import VerifyResult
 
-__all__ = [
-    "GenerationOutput",
-    "accept_tokens",
-    "check_request",
-    "now",
-    "prefill",
-    "room_left",
-    "speculative_generate",
-]
+__all__ = ["Engine", "PhaseClock", "generate_one"]
+
+K = TypeVar("K")
 
 
-@dataclass
-class GenerationOutput:
-    tokens: list[int]
-    stats: Stats
+class PhaseClock:
+    """Host timestamps, synchronised with the device only when profiling on CUDA."""
+
+    def __init__(self, device: torch.device, profile: bool) -> None:
+        self.sync = profile and device.type == "cuda"
+        self.enabled = profile or device.type != "cuda"  # CPU timing is free and exact
+        self.device = device
+
+    def __call__(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
 
-def accept_tokens(
-    block: Sequence[int], eos_token_ids: frozenset[int], budget: int
-) -> tuple[list[int], str]:
-    """Clamp an accepted block X_1..X_τ, Y: stop after the first EOS and at ``budget``.
+class Engine:
+    """Decodes the requests submitted to it, ``batch_size`` rows at a time."""
 
-    Returns the tokens to emit and why generation stops ("" if it does not).
-    """
-    out: list[int] = []
-    for token in block:
-        if len(out) == budget:
-            return out, "max_new_tokens"
-        out.append(int(token))
-        if int(token) in eos_token_ids:
-            return out, "eos"
-    return out, ("max_new_tokens" if len(out) == budget else "")
+    def __init__(self, target: CausalLM, *, batch_size: int = 1, profile: bool = False) -> None:
+        self.target = target
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.clock = PhaseClock(target.device, profile)
+        self.waiting: deque[Row] = deque()
+        self.active: list[Row] = []
+        self.passes = 0  # batched target forward passes while decoding
+        self.times = {"draft": 0.0, "target": 0.0, "verify": 0.0, "prefill": 0.0}
+        self._ids = count()
+        target.reset()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Row:
+        """Queue a request; it takes a free row at the next iteration."""
+        check_request(self.target, request.prompt, request.max_new_tokens)
+        stats = Stats(method=request.method.name, lossless=request.method.lossless,
+                      gamma=request.gamma.label)  # type: ignore[union-attr]
+        row = Row(next(self._ids), request, [int(t) for t in request.prompt], stats,
+                  state=request.method.new_state())
+        self.waiting.append(row)
+        return row
+
+    def cancel(self, row: Row) -> None:
+        """Stop a request at the next iteration (its tokens so far are kept)."""
+        row.cancelled = True
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def run(self, requests: Sequence[Request]) -> list[GenerationOutput]:
+        """Decode every request to its end; outputs in input order."""
+        rows = [self.submit(r) for r in requests]
+        while not self.idle:
+            self.step()
+        return [r.output() for r in rows]
+
+    # -- one iteration ------------------------------------------------------------------------
+
+    def step(self) -> list[Row]:
+        """Admit waiting requests, run one iteration for every active row; returns the rows
+        that finished (cancelled rows leave first, freeing their slot)."""
+        finished = self._retire()
+        self._admit()
+        rows = self.active
+        if rows:
+            gammas = [min(r.request.gamma.choose(), self._room(r) - 1) for r in rows]  # type: ignore[union-attr]
+            t0 = self.clock()
+            drafts = self._draft(rows, gammas)  # 1. draft
+            t1 = self.clock()
+            scored = score_blocks(self.target, rows, drafts)  # 2. score: one target pass
+            t2 = self.clock()
+            results = self._verify(rows, drafts, scored)  # 3. verify, per method
+            t3 = self.clock()
+            self._accept(rows, drafts, scored, results)  # 4. accept, roll back, feed back
+            self.passes += 1
+            self._time(rows, {"draft": t1 - t0, "target": t2 - t1, "verify": t3 - t2})
+        return finished + self._retire()
+
+    def _draft(self, rows: list[Row], gammas: list[int]) -> list[Draft]:
+        vocab = self.target.vocab_size
+        drafts = [Draft(tokens=torch.empty((1, 0), dtype=torch.int64),
+                        probs=None if r.matching else torch.empty((1, 0, vocab))) for r in rows]
+        for drafter, idx in _groups(rows, lambda r: r.request.drafter).items():
+            todo = [i for i in idx if gammas[i] > 0]
+            if drafter is None or not todo:
+                continue
+            for i, d in zip(todo, drafter.propose([rows[i] for i in todo],
+                                                  [gammas[i] for i in todo]), strict=True):
+                drafts[i] = d
+        return drafts
+
+    def _verify(self, rows: list[Row], drafts: list[Draft], scored: Scored) -> list[VerifyResult]:
+        """One call per method over all of its rows; results per row ([1] tensors)."""
+        out: list[VerifyResult | None] = [None] * len(rows)
+        for method, idx in _groups(rows, lambda r: r.method).items():
+            sub = [rows[i] for i in idx]
+            if all(r.matching for r in sub):
+                result = greedy_verdict(scored, idx, [drafts[i] for i in idx])
+            else:
+                batch = gather_verify_batch(scored, idx, sub, [drafts[i] for i in idx], method)
+                result = method.verify(batch)
+                for r, state in zip(sub, batch.states, strict=True):
+                    r.state = state
+            for j, i in enumerate(idx):
+                out[i] = _row_result(result, j)
+        return out  # type: ignore[return-value]
+
+    def _accept(self, rows: list[Row], drafts: list[Draft], scored: Scored,
+                results: list[VerifyResult]) -> None:
+        taus = [int(r.num_accepted[0]) for r in results]
+        branches = [int(r.extras["branch"][0]) if "branch" in r.extras else 0 for r in results]
+        news = []
+        for row, d, tau, branch, result in zip(rows, drafts, taus, branches, results, strict=True):
+            y = int(result.next_token[0])
+            room = self._room(row)
+            new, row.stats.stop_reason = accept_tokens(
+                d.tokens[branch, :tau].tolist() + [y], self.target.eos_token_ids, room)
+            if row.stats.stop_reason == "max_new_tokens" and \
+                    len(row.emitted) + len(new) < row.request.max_new_tokens:
+                row.stats.stop_reason = "context_window"  # the room was the window's
+            news.append(new)
+        scored.keep_branches(self.target, branches)
+        self.target.rollback([len(r.context) + tau for r, tau in zip(rows, taus, strict=True)])
+        for row, new in zip(rows, news, strict=True):
+            row.context.extend(new)
+            row.emitted.extend(new)
+            if not row.done and len(row.context) >= self._window(row):
+                row.stats.stop_reason = "context_window"
+        for drafter, idx in _groups(rows, lambda r: r.request.drafter).items():
+            fed = [i for i in idx if drafts[i].gamma > 0]
+            if drafter is not None and fed:
+                drafter.feedback([rows[i] for i in fed], [taus[i] for i in fed],
+                                 [branches[i] for i in fed])
+        nll = scored.nll(branches, news)
+        for b, (row, d, result) in enumerate(zip(rows, drafts, results, strict=True)):
+            row.request.gamma.observe(d.gamma, taus[b])  # type: ignore[union-attr]
+            row.stats.nll_sum += nll[b]
+            if result.bias_tv is not None:
+                row.stats.bias_tv_sum += float(result.bias_tv[0])
+            size = scored.block_sizes[b]
+            row.stats.record_block(d.gamma, taus[b], len(news[b]), scored.forks[b] * size,
+                                   (scored.forks[b] - 1) * size)
+            if row.request.on_tokens is not None:
+                row.request.on_tokens(news[b])
+
+    # -- rows joining and leaving ------------------------------------------------------------
+
+    def _admit(self) -> None:
+        new: list[Row] = []
+        while self.waiting and len(self.active) + len(new) < self.batch_size:
+            new.append(self.waiting.popleft())
+        if not new:
+            return
+        t0 = time.perf_counter()
+        for row in new:
+            row.start = t0
+        self.target.add_rows([r.context[:-1] for r in new])
+        for drafter, idx in _groups(new, lambda r: r.request.drafter).items():
+            if drafter is not None:
+                drafter.admit([new[i] for i in idx])
+        prefill = self.clock() - t0
+        self.times["prefill"] += prefill
+        for row in new:
+            row.stats.prefill_calls = int(len(row.context) > 1)
+            row.stats.prefill_time_s = prefill
+        self.active.extend(new)
+
+    def _retire(self) -> list[Row]:
+        gone = [r for r in self.active if r.done or r.cancelled]
+        if not gone:
+            return []
+        end = self.clock() if self.clock.sync else _now(self.target.device)
+        for row in gone:
+            if row.cancelled and not row.done:
+                row.stats.stop_reason = "cancelled"
+            drafter = row.request.drafter
+            row.stats.draft_calls = drafter.row_calls(row.id) if drafter is not None else 0
+            row.stats.wall_time_s = end - row.start
+        keep = [i for i, r in enumerate(self.active) if not (r.done or r.cancelled)]
+        self.target.select_rows(keep)
+        for drafter, idx in _groups(gone, lambda r: r.request.drafter).items():
+            if drafter is not None:
+                drafter.release([gone[i] for i in idx])
+        self.active = [self.active[i] for i in keep]
+        return gone
+
+    def _window(self, row: Row) -> int:
+        limits = [m for m in (self.target.max_length,
+                              row.request.drafter.max_length if row.request.drafter else None)
+                  if m is not None]
+        return min(limits) if limits else 1 << 62
+
+    def _room(self, row: Row) -> int:
+        """Tokens the row may still emit: the budget's remainder, capped by the window."""
+        return min(row.request.max_new_tokens - len(row.emitted), self._window(row) - len(row.context))
+
+    def _time(self, rows: list[Row], phases: dict[str, float]) -> None:
+        if not self.clock.enabled:
+            return
+        for name, seconds in phases.items():
+            self.times[name] += seconds
+        for row in rows:
+            row.stats.draft_time_s += phases["draft"]
+            row.stats.target_time_s += phases["target"]
+            row.stats.verify_time_s += phases["verify"]
+
+    def batch_stats(self, rows: Sequence[Row], wall_time_s: float) -> Stats:
+        """The statistics of a finished batch of rows."""
+        total = Stats.merge([r.stats for r in rows], batch_size=self.batch_size,
+                            target_passes=self.passes, wall_time_s=wall_time_s)
+        total.draft_time_s, total.target_time_s = self.times["draft"], self.times["target"]
+        total.verify_time_s, total.prefill_time_s = self.times["verify"], self.times["prefill"]
+        return total
 
 
-def now(device: torch.device) -> float:
-    """A wall-clock reading after the device's queued work has finished."""
+def generate_one(target: CausalLM, request: Request, *, profile: bool = False) -> GenerationOutput:
+    """Decode one request alone (a batch of one)."""
+    return Engine(target, profile=profile).run([request])[0]
+
+
+def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
 
 
-def check_request(target: CausalLM, prompt: Sequence[int], max_new_tokens: int) -> None:
-    """Reject an empty prompt, a budget < 1 and a prompt that fills the context window."""
-    if not prompt:
-        raise ValueError("the prompt is empty: at least one token is needed to condition on")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if target.max_length is not None and len(prompt) >= target.max_length:
-        raise ContextTooLongError(
-            f"the prompt has {len(prompt)} tokens; {target.name}'s context window is "
-            f"{target.max_length} tokens, leaving no room to generate"
-        )
+def _groups(rows: Sequence[Row], key: Callable[[Row], K]) -> dict[K, list[int]]:
+    """Row indices grouped by ``key(row)`` (drafters, methods: compared by identity)."""
+    out: dict[K, list[int]] = {}
+    for i, r in enumerate(rows):
+        out.setdefault(key(r), []).append(i)
+    return out
 
 
-def prefill(target: CausalLM, ctx: list[int], stats: Stats, start: float) -> None:
-    """Reset the target and prefill all but the last context token, which stays pending."""
-    target.reset()
-    if len(ctx) > 1:
-        target.extend(torch.tensor(ctx[:-1], device=target.device), num_logits=1)
-        stats.prefill_calls += 1
-        stats.prefill_time_s = now(target.device) - start
-
-
-def room_left(target: CausalLM, ctx: list[int], emitted: int, max_new_tokens: int) -> int:
-    """Tokens that may still be emitted: the budget's remainder, capped by the context window."""
-    room = max_new_tokens - emitted
-    if target.max_length is not None:
-        room = min(room, target.max_length - len(ctx))
-    return room
-
-
-def speculative_generate(
-    target: CausalLM,
-    drafter: Drafter | None,
-    prompt: Sequence[int],
-    *,
-    method: Method,
-    gamma: int,
-    sampling: Sampling,
-    max_new_tokens: int,
-    generator: torch.Generator,
-    on_tokens: Callable[[list[int]], None] | None = None,
-) -> GenerationOutput:
-    """Generate up to ``max_new_tokens`` tokens after ``prompt`` (token ids)."""
-    check_request(target, prompt, max_new_tokens)
-    if gamma < 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
-    if gamma > 0 and drafter is None:
-        raise ValueError("gamma > 0 needs a drafter")
-    device, m = target.device, method.num_drafts
-    stats = Stats(method=method.name, lossless=method.lossless, gamma=gamma)
-    start = now(device)
-    method.reset()
-    if drafter is not None:
-        drafter.begin(prompt)
-        draft_calls0 = drafter.forward_calls
-    ctx = [int(t) for t in prompt]
-    prefill(target, ctx, stats, start)
-    emitted: list[int] = []
-    while not stats.stop_reason:
-        room = room_left(target, ctx, len(emitted), max_new_tokens)
-        g = min(gamma, room - 1)
-        # 1. Draft.
-        t0 = now(device)
-        if g > 0 and drafter is not None:
-            draft = drafter.propose(ctx, g, generator, num_drafts=m, with_next=method.needs_next_probs)
-        else:
-            draft = Draft(tokens=torch.empty((1, 0), dtype=torch.int64),
-                          probs=torch.empty((1, 0, target.vocab_size)))
-        g, rows = draft.gamma, int(draft.tokens.shape[0])
-        # 2. Score pending context tokens + the block in one target pass.
-        t1 = now(device)
-        pending = torch.tensor(ctx[target.length :], dtype=torch.int64)
-        block = torch.cat([pending.expand(rows, -1), draft.tokens], dim=1).to(device)  # [M, k]
-        if rows > 1:
-            target.fork(rows)
-            logits = target.extend(block, num_logits=g + 1)  # [M, γ+1, V]
-        else:
-            logits = target.extend(block[0], num_logits=g + 1).unsqueeze(0)  # [1, γ+1, V]
-        p = sampling.probs(logits, target.name)  # [M, γ+1, V]
-        t2 = now(device)
-        # 3. Verify.
-        result = method.verify(p, draft, generator)
-        tau, y = int(result.num_accepted[0]), int(result.next_token[0])
-        branch = int(result.extras["branch"][0]) if "branch" in result.extras else 0
-        t3 = now(device)
-        # 4. Accept, clamped at EOS and the budget.
-        new, stats.stop_reason = accept_tokens(
-            draft.tokens[branch, :tau].tolist() + [y], target.eos_token_ids, room
-        )
-        if stats.stop_reason == "max_new_tokens" and len(emitted) + len(new) < max_new_tokens:
-            stats.stop_reason = "context_window"  # the room was the window's, not the budget's
-        # 5. Roll back the target to the accepted prefix; feed back to the drafter.
-        if rows > 1:
-            target.join(branch, len(ctx) + tau)
-        else:
-            target.rollback(len(ctx) + tau)
-        ctx.extend(new)
-        emitted.extend(new)
-        if drafter is not None and g > 0:
-            drafter.feedback(ctx, tau, branch)
-        if not stats.stop_reason and target.max_length is not None and len(ctx) >= target.max_length:
-            stats.stop_reason = "context_window"
-        # Bookkeeping.
-        raw = torch.log_softmax(logits[branch, : len(new)].float(), dim=-1)  # [n, V]
-        stats.nll_sum -= float(raw.gather(-1, torch.tensor(new, device=raw.device)[:, None]).sum())
-        if result.bias_tv is not None:
-            stats.bias_tv_sum += float(result.bias_tv[0])
-        stats.record_iteration(g, tau)
-        stats.target_calls += 1
-        stats.target_tokens_scored += int(block.numel())
-        stats.extra_tokens_scored += int(block.numel()) - int(block.shape[1])
-        stats.tokens_emitted += len(new)
-        stats.draft_time_s += t1 - t0
-        stats.target_time_s += t2 - t1
-        stats.verify_time_s += t3 - t2
-        if on_tokens is not None:
-            on_tokens(new)
-    if drafter is not None:
-        stats.draft_calls = drafter.forward_calls - draft_calls0
-    stats.wall_time_s = now(device) - start
-    return GenerationOutput(tokens=emitted, stats=stats)
+def _row_result(result: VerifyResult, j: int) -> VerifyResult:
+    return VerifyResult(
+        num_accepted=result.num_accepted[j : j + 1], next_token=result.next_token[j : j + 1],
+        bias_tv=None if result.bias_tv is None else result.bias_tv[j : j + 1],
+        extras={k: v[j : j + 1] for k, v in result.extras.items()})

@@ -18,7 +18,15 @@ Conventions:
   (M·(γ+1) per multi-draft iteration), the fair price of multi-draft methods.
 * ``extra_tokens_scored`` is the part of ``target_tokens_scored`` spent on drafts beyond the
   first ((M−1)·(γ+1) per multi-draft iteration; 0 for single-draft methods).
-* Times are wall-clock seconds measured on the host; on CUDA each phase is synchronised.
+* Times are wall-clock seconds measured on the host. On CUDA the phase times (draft,
+  target, verify) need a device synchronisation each, taken only when the engine is asked to
+  profile; otherwise they are reported as 0 and only the wall time (synchronised once at
+  the end) is measured.
+* A batch's statistics (:meth:`Stats.merge`) use the same fields: counts and times are
+  sums over its requests, ``requests`` says how many, ``target_passes`` counts the batched
+  target forward passes (each request's ``target_calls`` counts the passes it took part
+  in, so ``mean_batch_rows`` = Σ target_calls / target_passes), and ``wall_time_s`` is the
+  whole run's, so ``tokens_per_second`` is the batch's throughput.
 * ``bias_tv_sum`` is the exact sum, over verified positions, of TV(step output law, p);
   0 for lossless methods.
 * ``perplexity`` is exp(mean NLL) of the emitted tokens under the *unwarped* target.
@@ -35,10 +43,15 @@ __all__ = ["Stats"]
 
 @dataclass
 class Stats:
+    """The statistics of one request, or of a batch of them (see the module docstring)."""
+
     method: str = ""
     lossless: bool = True
-    gamma: int = 0
+    gamma: int | str = 0
+    requests: int = 1
+    batch_size: int = 1
     iterations: int = 0
+    target_passes: int = 0
     target_calls: int = 0
     prefill_calls: int = 0
     draft_calls: int = 0
@@ -72,6 +85,38 @@ class Stats:
             if i < accepted:
                 _bump(self.accepted_by_position, i)
 
+    def record_block(self, drafted: int, accepted: int, emitted: int, scored: int,
+                     extra_scored: int) -> None:
+        """One iteration of this request: γ drafted, τ accepted, tokens emitted and scored."""
+        self.record_iteration(drafted, accepted)
+        self.target_calls += 1
+        self.target_tokens_scored += scored
+        self.extra_tokens_scored += extra_scored
+        self.tokens_emitted += emitted
+
+    @classmethod
+    def merge(cls, parts: list[Stats], *, batch_size: int, target_passes: int,
+              wall_time_s: float) -> Stats:
+        """The statistics of a batch: its requests' counts and times summed."""
+        total = cls(method=parts[0].method if parts else "", requests=len(parts),
+                    lossless=all(p.lossless for p in parts), batch_size=batch_size,
+                    gamma=parts[0].gamma if parts else 0, target_passes=target_passes,
+                    wall_time_s=wall_time_s)
+        for p in parts:
+            for name in ("iterations", "target_calls", "prefill_calls", "draft_calls",
+                         "tokens_emitted", "accepted_total", "drafted_total",
+                         "target_tokens_scored", "extra_tokens_scored", "bias_tv_sum", "nll_sum"):
+                setattr(total, name, getattr(total, name) + getattr(p, name))
+            for name in ("tau_histogram", "drafted_by_position", "accepted_by_position"):
+                for i, count in enumerate(getattr(p, name)):
+                    _bump(getattr(total, name), i, count)
+        return total
+
+    @property
+    def mean_batch_rows(self) -> float:
+        """Requests per batched target pass (1 for a request decoded alone)."""
+        return self.target_calls / self.target_passes if self.target_passes else 1.0
+
     @property
     def block_efficiency(self) -> float:
         return self.tokens_emitted / self.target_calls if self.target_calls else 0.0
@@ -102,14 +147,17 @@ class Stats:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for name in ("block_efficiency", "mean_accepted", "acceptance_by_position", "perplexity",
-                     "tokens_per_second", "energy_per_token_j"):
+                     "tokens_per_second", "energy_per_token_j", "mean_batch_rows"):
             value = getattr(self, name)
             d[name] = None if isinstance(value, float) and math.isnan(value) else value
         return d
 
     def summary(self) -> str:
+        batch = (f"; {self.requests} requests, batch size {self.batch_size}, "
+                 f"{self.mean_batch_rows:.2f} rows per target pass" if self.requests > 1 else "")
         lines = [
-            f"method {self.method} ({'lossless' if self.lossless else 'NOT lossless'}), γ={self.gamma}",
+            f"method {self.method} ({'lossless' if self.lossless else 'NOT lossless'}), "
+            f"γ={self.gamma}{batch}",
             (f"tokens {self.tokens_emitted} in {self.wall_time_s:.2f}s "
              f"({self.tokens_per_second:.2f} tok/s); stop: {self.stop_reason}"),
             (f"iterations {self.iterations}, target calls {self.target_calls} "
@@ -134,7 +182,7 @@ class Stats:
         return "\n".join(lines)
 
 
-def _bump(counts: list[int], index: int) -> None:
+def _bump(counts: list[int], index: int, by: int = 1) -> None:
     while len(counts) <= index:
         counts.append(0)
-    counts[index] += 1
+    counts[index] += by

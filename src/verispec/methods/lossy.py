@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from functools import partial
 
-from verispec.drafters.base import Draft
-from verispec.engine.methods import Method
-from verispec.methods import MethodInfo, register
-from verispec.verify import VerifyResult
-from verispec.verify.lossy import Residual, check_lossy_params, lossy_verify
+from verispec.engine.protocols import Method, VerifyBatch
+from verispec.methods.basic import plan_method_law
+from verispec.methods.registry import MethodInfo
+from verispec.verify import VerifyResult, draw_rows
+from verispec.verify.lossy import (
+    Residual,
+    check_lossy_params,
+    lossy_plan,
+    lossy_plan_with_bias,
+    reached_bias,
+)
 
-__all__ = ["LossyMethod"]
+__all__ = ["LOSSY", "LossyMethod"]
 
 
 class LossyMethod(Method):
@@ -36,17 +41,22 @@ class LossyMethod(Method):
         self.epsilon = float(epsilon)
         self.residual: Residual = residual
         self.lossless = self.epsilon == 0 and residual == "opt"
+        self.plan = partial(lossy_plan, epsilon=self.epsilon, residual=self.residual)
 
-    def verify(self, target_probs: Tensor, draft: Draft, generator: torch.Generator) -> VerifyResult:
-        return lossy_verify(
-            target_probs, draft.probs.to(target_probs.dtype), draft.tokens, generator,
-            epsilon=self.epsilon, residual=self.residual,
-        )
+    def verify(self, batch: VerifyBatch) -> VerifyResult:
+        p = batch.target_probs[:, 0]  # [B, γ+1, V]
+        lengths = batch.lengths if batch.ragged else None
+        plan, tv = lossy_plan_with_bias(p, batch.draft_probs[:, 0].to(p.dtype),
+                                        batch.draft_tokens[:, 0], epsilon=self.epsilon,
+                                        residual=self.residual, lengths=lengths)
+        result = draw_rows(plan, batch.randoms)
+        result.bias_tv = reached_bias(tv, result.num_accepted, lengths)
+        return result
 
 
-register(MethodInfo(
+LOSSY = MethodInfo(
     "lossy", False,
     "over-acceptance b=min{1,(p+ε)/q} (Yin et al., Thm 4-5): NOT lossless (ε>0); "
-    "--epsilon ε (0.1), --residual opt (Pareto-optimal) | target (Decoding-UNO)",
-    LossyMethod,
-))
+    "epsilon ε (0.1), residual opt (Pareto-optimal) | target (Decoding-UNO)",
+    LossyMethod, law=plan_method_law,
+)

@@ -12,6 +12,7 @@ temperature 1 returns the table itself.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Sequence
 
@@ -24,7 +25,7 @@ __all__ = ["ContextIndependentLM", "MarkovLM", "RandomContextLM", "TableLM", "To
 
 
 class TableLM(CausalLM):
-    """A model defined by ``next_probs(context) -> [V]``; the cache is the token list."""
+    """A model defined by ``next_probs(context) -> [V]``; the cache of each row is its token list."""
 
     def __init__(
         self,
@@ -40,50 +41,47 @@ class TableLM(CausalLM):
         self.max_length = max_length
         self.device = torch.device("cpu")
         self.name = name
-        self.tokenizer = ToyTokenizer(vocab_size)
-        self._rows: list[list[int]] = [[]]
+        self.precision = "float64"
+        self.tokenizer = ToyTokenizer(vocab_size) if vocab_size <= 26 else None
+        self._rows: list[list[int]] = []
 
     def next_probs(self, context: Sequence[int]) -> Tensor:
         """[V] float64 distribution of the token after ``context``."""
         raise NotImplementedError
 
     @property
-    def length(self) -> int:
-        return len(self._rows[0])
-
-    @property
-    def rows(self) -> int:
-        return len(self._rows)
-
-    def _extend(self, tokens: Tensor, num_logits: int) -> Tensor:
-        out = []
-        for row, new in zip(self._rows, tokens.tolist(), strict=True):
-            if any(not (0 <= t < self.vocab_size) for t in new):
-                raise ValueError(f"{self.name}: token id outside [0, {self.vocab_size})")
-            row.extend(new)
-            n = len(row)
-            out.append(torch.stack([self.next_probs(tuple(row[:end])) for end in range(n - num_logits + 1, n + 1)]))
-        return torch.stack(out).log()  # [R, num_logits, V] float64, -inf where p = 0
-
-    def rollback(self, length: int) -> None:
-        if not (0 <= length <= self.length):
-            raise ValueError(f"cannot roll back to {length}; cache holds {self.length}")
-        for row in self._rows:
-            del row[length:]
-
-    def fork(self, num_branches: int) -> None:
-        if self.rows != 1:
-            raise RuntimeError("fork() on an already forked model")
-        self._rows = [list(self._rows[0]) for _ in range(num_branches)]
-
-    def join(self, branch: int, length: int) -> None:
-        self._rows = [self._rows[branch][:length]]
-
-    def reorder_rows(self, indices: Tensor) -> None:
-        self._rows = [list(self._rows[i]) for i in indices.tolist()]
+    def lengths(self) -> list[int]:
+        return [len(r) for r in self._rows]
 
     def reset(self) -> None:
-        self._rows = [[]]
+        self._rows = []
+
+    def spawn(self) -> TableLM:
+        twin = copy.copy(self)  # same tables (and memo), a cache of its own
+        twin._rows = []
+        twin.forward_calls = 0
+        return twin
+
+    def _add_rows(self, prefixes: list[list[int]]) -> None:
+        self._rows.extend(list(p) for p in prefixes)
+
+    def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
+        out = []
+        for row, new in zip(self._rows, tokens, strict=True):
+            row.extend(new)
+            n, k = len(row), min(num_logits, len(new))
+            dists = [self.next_probs(tuple(row[:end])) for end in range(n - k + 1, n + 1)]
+            filler = dists[-1] if dists else torch.full((self.vocab_size,), 1.0 / self.vocab_size,
+                                                        dtype=torch.float64)
+            out.append(torch.stack(dists + [filler] * (num_logits - k)))
+        return torch.stack(out).log()  # [R, n, V] float64, -inf where p = 0
+
+    def _rollback(self, lengths: list[int]) -> None:
+        for row, n in zip(self._rows, lengths, strict=True):
+            del row[n:]
+
+    def _select_rows(self, indices: list[int]) -> None:
+        self._rows = [list(self._rows[i]) for i in indices]
 
 
 class ContextIndependentLM(TableLM):

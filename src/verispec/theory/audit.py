@@ -5,13 +5,12 @@ enumeration the law of the first ``length`` tokens that a method emits — every
 and every outcome of the verifier's randomness, weighted exactly, not sampled — and compares
 it with autoregressive sampling from the target (:func:`verispec.theory.exact.target_law`).
 
-Every registered method is covered (:data:`verispec.methods.METHODS`): each method object is
-built through the registry and dispatched to the exact law that runs the library's own code
-for it (plan functions and :func:`~verispec.verify.plan_law` for token / block / lossy,
-:func:`~verispec.theory.greedy_block.greedy_block_law`,
-:func:`~verispec.theory.multidraft.multidraft_speculative_law`, PEARL's
-:func:`~verispec.engine.pearl.reference.pearl_law`, and for MJSD / MJGD the real beam search).
-A method unknown to the dispatcher is an error, never silently skipped.
+Every method of :data:`verispec.methods.METHODS` is covered: each declares its exact law where
+it lives (``MethodInfo.law``), built on the one enumeration walk of
+:mod:`verispec.engine.exact` and the library's own code (plan functions and
+:func:`~verispec.verify.plan_law`, greedy block verification's modifications, multi-draft's
+plan, PEARL's schedule, the real beam search of MJSD / MJGD). A method without a declared law
+is an error, never silently skipped.
 
 A **user verifier** is given as ``module:function``:
 
@@ -34,25 +33,23 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-import itertools
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import accept_tokens
-from verispec.engine.methods import Method, SingleDraftMethod
-from verispec.methods import METHODS, build_method
+from verispec.checks import TOLERANCE, check_positive
+from verispec.engine.exact import Law, expected_accepted, speculative_law, target_law
+from verispec.engine.protocols import Method
+from verispec.methods import METHODS, build_method, parse_spec
 from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM, TableLM
 from verispec.sampling import Sampling
-from verispec.theory.exact import Law, expected_accepted, speculative_law, target_law, warped
-from verispec.verify import PLANS, VERIFIERS, VerifyPlan
+from verispec.verify import VerifyPlan
 
 __all__ = [
     "AUDIT_MODELS",
@@ -61,23 +58,17 @@ __all__ = [
     "AuditResult",
     "audit",
     "audit_models",
-    "compose_steps",
-    "draft_blocks",
     "law_distance",
     "load_user_function",
     "method_law",
 ]
 
-#: Exact audits call a method lossless when no sequence probability differs by more.
-TOLERANCE = 1e-12
 #: Largest number of draft blocks (or multi-draft tuples) per iteration the audit enumerates.
 MAX_BLOCKS = 100_000
 #: The toy pairs ``--model`` accepts.
 AUDIT_MODELS = ("random", "markov", "sparse", "ab-example")
 
 PlanFn = Callable[[Tensor, Tensor, Tensor], VerifyPlan]
-#: One iteration's emitted tokens (after EOS / budget clamping) and whether generation stops.
-StepLaw = dict[tuple[tuple[int, ...], bool], float]
 
 
 class _SparseLM(TableLM):
@@ -179,102 +170,6 @@ def _checked_plan(fn: PlanFn) -> PlanFn:
 
 
 # --------------------------------------------------------------------------------------
-# Enumeration helpers and the laws that are not plan-based.
-
-
-def draft_blocks(target: TableLM, draft: TableLM, ctx: tuple[int, ...], g: int,
-                 sampling: Sampling) -> list[tuple[tuple[int, ...], float, Tensor, Tensor]]:
-    """Every draft block of length g after ``ctx`` with q-probability > 0:
-    (block, probability, p rows [g+1, V], q rows [g, V])."""
-    p, q = warped(target, sampling), warped(draft, sampling)
-    out = []
-    for block in itertools.product(range(target.vocab_size), repeat=g):
-        q_rows = [q(ctx + block[:i]) for i in range(g)]
-        prob = math.prod(float(q_rows[i][x]) for i, x in enumerate(block))
-        if prob > 0:
-            p_rows = torch.stack([p(ctx + block[:i]) for i in range(g + 1)])  # [g+1, V]
-            q_t = torch.stack(q_rows) if g else p_rows.new_zeros((0, target.vocab_size))
-            out.append((block, prob, p_rows, q_t))
-    return out
-
-
-def compose_steps(step: Callable[[tuple[int, ...], int], StepLaw], prompt: Sequence[int], length: int) -> Law:
-    """Sequence law from a per-context iteration law ``step(ctx, room)``."""
-    law: Law = {}
-
-    def walk(ctx: tuple[int, ...], out: tuple[int, ...], prob: float) -> None:
-        for (new, stop), w in step(ctx, length - len(out)).items():
-            if stop:
-                law[out + new] = law.get(out + new, 0.0) + prob * w
-            else:
-                walk(ctx + new, out + new, prob * w)
-
-    walk(tuple(prompt), (), 1.0)
-    return law
-
-
-def _mjsd_step(target: TableLM, draft: TableLM, sampling: Sampling, gamma: int, threshold: float,
-               num_beams: int) -> Callable[[tuple[int, ...], int], StepLaw]:
-    """One MJSD iteration's law: the real beam drafter (deterministic) proposes the block,
-    :func:`~verispec.verify.mjsd.mjsd_accepted` fixes τ, and Y ~ p at position τ+1."""
-    from verispec.drafters.beam import BeamDrafter
-    from verispec.verify.mjsd import mjsd_accepted
-
-    p = warped(target, sampling)
-    drafter = BeamDrafter(draft, sampling, num_beams)
-
-    def step(ctx: tuple[int, ...], room: int) -> StepLaw:
-        g = min(gamma, room - 1)
-        tokens: list[int] = []
-        tau = 0
-        if g > 0:
-            drafter.begin(ctx)
-            d = drafter.propose(ctx, g, torch.Generator())  # deterministic: the best beam
-            tokens = d.tokens[0].tolist()
-            p_rows = torch.stack([p(ctx + tuple(tokens[:i])) for i in range(g + 1)])[None]
-            if d.joint is None:
-                raise ValueError("the beam drafter returned no joint draft probabilities")
-            tau = int(mjsd_accepted(p_rows, d.joint, d.tokens, threshold)[0])
-        y_law = p(ctx + tuple(tokens[:tau]))  # [V]: Y ~ p at position τ+1
-        out: StepLaw = {}
-        for y in (y_law > 0).nonzero().flatten().tolist():
-            new, stop = accept_tokens(tokens[:tau] + [y], target.eos_token_ids, room)
-            out[(tuple(new), bool(stop))] = out.get((tuple(new), bool(stop)), 0.0) + float(y_law[y])
-        return out
-
-    return step
-
-
-def _mjgd_law(target: TableLM, prompt: Sequence[int], sampling: Sampling, gamma: int,
-              length: int, method: Method) -> Law:
-    from verispec.methods.mjsd import mjgd_generate
-
-    out = mjgd_generate(target, list(prompt), sampling=sampling, max_new_tokens=length,
-                        generator=torch.Generator(), gamma=gamma, method=method)
-    return {tuple(out.tokens): 1.0}  # MJGD is deterministic: one sequence with probability 1
-
-
-def _multidraft_first(target: TableLM, draft: TableLM, ctx: tuple[int, ...], g: int, m: int,
-                      sampling: Sampling) -> float:
-    """E[τ] of one multi-draft iteration (M i.i.d. drafts of length g) after ``ctx``."""
-    from verispec.verify.multidraft import multidraft_law, multidraft_plan
-
-    blocks = draft_blocks(target, draft, ctx, g, sampling)
-    if g == 0:
-        return 0.0
-    probs = torch.tensor([b[1] for b in blocks], dtype=torch.float64)  # [nb]
-    p_blk = torch.stack([b[2] for b in blocks])  # [nb, g+1, V]
-    q_blk = torch.stack([b[3] for b in blocks])  # [nb, g, V]
-    tok = torch.tensor([b[0] for b in blocks], dtype=torch.int64)  # [nb, g]
-    combos = torch.tensor(list(itertools.product(range(len(blocks)), repeat=m)),
-                          dtype=torch.int64)  # [C, M]
-    weight = probs[combos].prod(-1)  # [C]
-    law = multidraft_law(multidraft_plan(p_blk[combos], q_blk[combos], tok[combos]))  # [C, M, g+1, V]
-    tau = law.sum(dim=(1, 3))  # [C, g+1]
-    return float((weight[:, None] * tau * torch.arange(g + 1, dtype=torch.float64)).sum())
-
-
-# --------------------------------------------------------------------------------------
 # The audit.
 
 
@@ -322,74 +217,17 @@ def law_distance(a: Law, b: Law) -> tuple[float, float]:
 def method_law(method: Method, target: TableLM, draft: TableLM, prompt: Sequence[int], *,
                gamma: int, sampling: Sampling, length: int,
                draft_stop: float | None = None) -> tuple[Law, float | None]:
-    """Exact law of a registered method's first ``length`` tokens, and the exact expected
-    number of tokens emitted by its first iteration (None where that is not defined).
-
-    ``draft_stop`` (the model drafter's early stop, token / block / lossy only) is passed to
-    :func:`~verispec.theory.exact.speculative_law`; the expected tokens are then None."""
-    from verispec.methods.greedy_block import GreedyBlockMethod
-    from verispec.methods.lossy import LossyMethod
-    from verispec.methods.mjsd import MJGDMethod, MJSDMethod
-    from verispec.methods.multidraft import MultiDraftMethod
-    from verispec.verify.greedy_block import greedy_block_plan
-    from verispec.verify.lossy import lossy_plan
-
-    ctx, g0 = tuple(prompt), min(gamma, length - 1)
-
-    def first(plan_fn: PlanFn) -> float | None:
-        if draft_stop is not None:
-            return None
-        return expected_accepted(target, draft, ctx, plan_fn=plan_fn, gamma=g0, sampling=sampling)[0] + 1
-
-    if draft_stop is not None and not isinstance(method, (SingleDraftMethod, LossyMethod)):
+    """Exact law of a method's first ``length`` tokens, and the exact expected number of
+    tokens emitted by its first iteration (None where that is not defined), from the law
+    the method declares in :data:`verispec.methods.METHODS`."""
+    info = METHODS.get(method.name)
+    if info is None or info.law is None:
+        raise ValueError(f"the audit has no exact law for method {method.name!r}: its entry in "
+                         "verispec.methods.METHODS declares none")
+    if draft_stop is not None and method.name not in ("token", "block", "lossy"):
         raise ValueError(f"--draft-stop is audited for token, block and lossy, not {method.name!r}")
-
-    if isinstance(method, SingleDraftMethod):
-        names = [n for n, fn in VERIFIERS.items() if fn is method.verifier and n in PLANS]
-        if not names:
-            raise ValueError(f"no plan is known for the verifier of method {method.name!r}")
-        plan_fn = PLANS[names[0]]
-        g = 0 if method.name == "ar" else gamma
-        law = speculative_law(target, draft, ctx, plan_fn=plan_fn, gamma=g, sampling=sampling,
-                              length=length, draft_stop=draft_stop)
-        return law, (1.0 if g == 0 else first(plan_fn))
-    if isinstance(method, LossyMethod):
-        plan_fn = partial(lossy_plan, epsilon=method.epsilon, residual=method.residual)
-        law = speculative_law(target, draft, ctx, plan_fn=plan_fn, gamma=gamma, sampling=sampling,
-                              length=length, draft_stop=draft_stop)
-        return law, first(plan_fn)
-    if isinstance(method, GreedyBlockMethod):
-        from verispec.theory.greedy_block import greedy_block_law
-
-        law = greedy_block_law(target, draft, ctx, gamma=gamma, sampling=sampling, length=length,
-                               modify=method.modify)
-        return law, first(greedy_block_plan)  # no modification is active at the first iteration
-    if isinstance(method, MultiDraftMethod):
-        from verispec.theory.multidraft import multidraft_speculative_law
-
-        law = multidraft_speculative_law(target, draft, ctx, num_drafts=method.num_drafts,
-                                         gamma=gamma, sampling=sampling, length=length)
-        return law, _multidraft_first(target, draft, ctx, g0, method.num_drafts, sampling) + 1
-    if isinstance(method, MJSDMethod):
-        step = _mjsd_step(target, draft, sampling, gamma, method.threshold, method.num_beams)
-        law = compose_steps(step, ctx, length)
-        first_law = step(ctx, length)
-        return law, sum(len(new) * w for (new, _), w in first_law.items())
-    if isinstance(method, MJGDMethod):
-        return _mjgd_law(target, ctx, sampling, gamma, length, method), float(min(gamma, length))
-    if method.name == "pearl":
-        try:
-            from verispec.engine.pearl.reference import pearl_law
-        except ImportError as exc:
-            raise ValueError(f"pearl: not yet available ({exc})") from exc
-        if gamma < 1:
-            raise ValueError("pearl's window γ must be >= 1")
-        law = pearl_law(target, draft, ctx, gamma=gamma, sampling=sampling, length=length,
-                        verifier=method.window_verifier, pre_verify=method.pre_verify,
-                        post_verify=method.post_verify)
-        return law, None  # PEARL has phases, not iterations of Algorithm 3
-    raise ValueError(f"the audit has no exact law for method {method.name!r} "
-                     f"({type(method).__name__}); add one to verispec.theory.audit.method_law")
+    return info.law(method, target, draft, tuple(prompt), gamma=gamma, sampling=sampling,
+                    length=length, draft_stop=draft_stop)
 
 
 def _sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
@@ -419,16 +257,17 @@ def audit(
     """Audit ``method`` (a registered name or ``module:function``) on one toy pair.
 
     ``options`` are the method's options (``epsilon``, ``residual``, ``num_drafts``,
-    ``num_beams``, ``threshold``, ``paper_warp``, ``window_verifier``, ...); None is ignored.
+    ``num_beams``, ``threshold``, ``paper_warp``, ``verifier``, ...); None is ignored.
     ``samples``, ``alpha`` and ``bootstrap`` only matter for a user verifier that is not a
     plan function (see the module docstring).
     """
     for name, value, low in (("gamma", gamma, 0), ("length", length, 1), ("samples", samples, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        check_positive(name, value, minimum=low)
     if not prompt or any(not 0 <= int(t) < vocab for t in prompt):
         raise ValueError(f"the prompt must be non-empty token ids in [0, {vocab}), got {list(prompt)}")
-    drafts = (options.get("num_drafts") or 2) if method == "multidraft" else 1  # M defaults to 2
+    name, inline = parse_spec(method) if ":" not in method else (method, {})
+    drafts = (options.get("num_drafts") or inline.get("num_drafts") or 2) \
+        if name == "multidraft" else 1  # M defaults to 2
     if float(vocab) ** (min(gamma, length - 1) * drafts) > MAX_BLOCKS:
         raise ValueError(f"V^(γ·M) = {vocab}^{min(gamma, length - 1) * drafts} draft blocks per "
                          f"iteration is too many to enumerate (limit {MAX_BLOCKS}); use a smaller "
@@ -462,7 +301,7 @@ def audit(
                          f"(τ, Y) given a block estimated from {samples} draws; decision by "
                          f"bootstrap z-scores at family-wise α = {alpha}")
     else:
-        if method not in METHODS:
+        if parse_spec(method)[0] not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} "
                              "or give a user verifier as module:function")
         m = build_method(method, **opts)

@@ -19,11 +19,9 @@ from statistics import NormalDist
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import accept_tokens
+from verispec.engine.exact import Law, Outcome, Step, clamp, draft_blocks, walk
 from verispec.models.toy import TableLM
 from verispec.sampling import Sampling
-from verispec.theory.audit import StepLaw, compose_steps, draft_blocks
-from verispec.theory.exact import Law
 from verispec.verify import VerifyResult
 
 __all__ = ["mc_audit"]
@@ -69,20 +67,18 @@ def _mc_nodes(verifier: Callable[..., VerifyResult], target: TableLM, draft: Tab
 
 
 def _mc_step(node_fn: Callable[[tuple[int, ...], int], _MCNode], gamma: int, eos: frozenset[int],
-             counts_of: Callable[[tuple[int, ...], int, int, Tensor], Tensor]
-             ) -> Callable[[tuple[int, ...], int], StepLaw]:
-    def step(ctx: tuple[int, ...], room: int) -> StepLaw:
+             counts_of: Callable[[tuple[int, ...], int, int, Tensor], Tensor]) -> Step:
+    def step(ctx: tuple[int, ...], room: int, state: object) -> list[Outcome]:
         g = min(gamma, room - 1)
         nd = node_fn(ctx, g)
-        out: StepLaw = {}
+        out: dict[tuple[tuple[int, ...], bool], float] = {}
         for i, ((block, prob), cnt) in enumerate(zip(nd.blocks, nd.counts, strict=True)):
             c = counts_of(ctx, g, i, cnt)
             law = c / c.sum()
             for tau, y in (law > 0).nonzero().tolist():
-                new, stop = accept_tokens(list(block[:tau]) + [y], eos, room)
-                key = (tuple(new), bool(stop))
+                key = clamp(list(block[:tau]) + [y], eos, room)
                 out[key] = out.get(key, 0.0) + prob * float(law[tau, y])
-        return out
+        return [(new, stop, w, None) for (new, stop), w in out.items()]
 
     return step
 
@@ -95,9 +91,9 @@ def mc_audit(fn: Callable[..., VerifyResult], target: TableLM, draft: TableLM, p
     generator = torch.Generator().manual_seed(seed)
     node_fn = _mc_nodes(fn, target, draft, sampling, gamma, samples, generator)
     eos = target.eos_token_ids
-    law = compose_steps(_mc_step(node_fn, gamma, eos, lambda c, g, i, cnt: cnt), prompt, length)
-    first = _mc_step(node_fn, gamma, eos, lambda c, g, i, cnt: cnt)(tuple(prompt), length)
-    expected = sum(len(new) * w for (new, _), w in first.items())
+    law = walk(prompt, length, _mc_step(node_fn, gamma, eos, lambda c, g, i, cnt: cnt))
+    first = _mc_step(node_fn, gamma, eos, lambda c, g, i, cnt: cnt)(tuple(prompt), length, None)
+    expected = sum(len(new) * w for new, _, w, _ in first)
     # Bootstrap: redraw every node's counts from its own empirical law (multinomial, drawn
     # as a chain of binomials for all replicates at once), then recompose each replicate.
     boot_gen = torch.Generator().manual_seed(seed + 1)
@@ -114,7 +110,7 @@ def mc_audit(fn: Callable[..., VerifyResult], target: TableLM, draft: TableLM, p
 
     reps = []
     for r in range(bootstrap):
-        rep = compose_steps(_mc_step(node_fn, gamma, eos, replicate(r)), prompt, length)
+        rep = walk(prompt, length, _mc_step(node_fn, gamma, eos, replicate(r)))
         reps.append([rep.get(k, 0.0) for k in keys])
     boot_se = torch.tensor(reps, dtype=torch.float64).std(dim=0)  # [K]
     # The bootstrap sees no variance in outcomes that were never drawn (zero counts), so a rare

@@ -14,9 +14,10 @@ import json
 import math
 from typing import Any, TextIO
 
+from verispec.checks import TOLERANCE
+
 __all__ = ["add_commands", "run"]
 
-THEORY_COMMANDS = ("toy-example", "ot-bound", "rejections", "batch", "pareto", "draft-length", "predict")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -47,7 +48,7 @@ def add_commands(sub: Any) -> None:
         "audit", help="exact output distribution of a method vs the target (is it lossless?)",
         description="Enumerate every draft block and verifier outcome on small toy models and "
                     "compare the method's law of the first LENGTH tokens with the target's. "
-                    "Exit status 1 when a method that claims to be lossless deviates by > 1e-12.")
+                    f"Exit status 1 when a method that claims to be lossless deviates by > {TOLERANCE:g}.")
     a.add_argument("--method", required=True,
                    help="a registered method, or a user verifier as module:function (a plan "
                         "function (p, q, tokens) -> VerifyPlan is audited exactly; a verifier "
@@ -71,7 +72,7 @@ def add_commands(sub: Any) -> None:
     a.add_argument("--threshold", type=float, default=None, help="mjsd: threshold")
     a.add_argument("--no-paper-warp", dest="paper_warp", action="store_const", const=False,
                    default=None, help="mjsd/mjgd: keep the requested warp")
-    a.add_argument("--verifier", dest="window_verifier", choices=["token", "block"], default=None,
+    a.add_argument("--verifier", dest="verifier", choices=["token", "block"], default=None,
                    help="pearl: the verifier of each window")
     a.add_argument("--no-pre-verify", dest="pre_verify", action="store_const", const=False, default=None)
     a.add_argument("--no-post-verify", dest="post_verify", action="store_const", const=False, default=None)
@@ -196,7 +197,7 @@ def _run_audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.vocab is None:
         args.vocab = 2 if args.model == "ab-example" else 3
     options = {k: getattr(args, k) for k in ("epsilon", "residual", "num_drafts", "num_beams",
-                                             "threshold", "paper_warp", "window_verifier",
+                                             "threshold", "paper_warp", "verifier",
                                              "pre_verify", "post_verify")}
     results = [audit(args.method, vocab=args.vocab, gamma=args.gamma, length=args.length, seed=s,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -236,10 +237,10 @@ def _run_theory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     checks: dict[str, bool] = {}
     if cmd == "toy-example":
         res = papers.toy_example(args.gamma, args.ccdf_gamma)
-        checks["token_closed_form"] = res["token_error"] <= 1e-12
+        checks["token_closed_form"] = res["token_error"] <= TOLERANCE
         if "max_error_vs_paper" in res:
-            checks["paper_values"] = res["max_error_vs_paper"] <= 1e-12
-        checks["block_ge_token"] = all(b >= t - 1e-12 for b, t in zip(res["ccdf"]["block"], res["ccdf"]["token"], strict=True))
+            checks["paper_values"] = res["max_error_vs_paper"] <= TOLERANCE
+        checks["block_ge_token"] = all(b >= t - TOLERANCE for b, t in zip(res["ccdf"]["block"], res["ccdf"]["token"], strict=True))
     elif cmd == "ot-bound":
         res = papers.ot_bound(model=args.model, vocab=args.vocab, gamma=args.gamma, seed=args.seed,
                               temperature=args.temperature)
@@ -255,13 +256,13 @@ def _run_theory(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                                   seed=args.seed, bernoulli_u=args.bernoulli_u,
                                   bernoulli_v=args.bernoulli_v, uniform_r=args.uniform_r)
         checks["closed_forms_match_enumeration"] = all(
-            r["max_error"] <= 1e-12 for r in res["bernoulli"] + res["uniform"])
+            r["max_error"] <= TOLERANCE for r in res["bernoulli"] + res["uniform"])
         rej = res["markov"]["expected_rejections"]
-        checks["rejections_decrease_in_M"] = all(a >= b - 1e-12 for a, b in itertools.pairwise(rej))
+        checks["rejections_decrease_in_M"] = all(a >= b - TOLERANCE for a, b in itertools.pairwise(rej))
     elif cmd == "pareto":
         res = papers.pareto_points(vocab=args.vocab, seed=args.seed,
                                    epsilons=list(args.epsilons) if args.epsilons else None)
-        checks["opt_on_front"] = res["max_opt_error"] <= 1e-12
+        checks["opt_on_front"] = res["max_opt_error"] <= TOLERANCE
         checks["uno_above_front"] = res["uno_above_front"]
     elif cmd == "draft-length":
         res = speedup.draft_length_table(args.alpha, args.c, args.max_gamma)

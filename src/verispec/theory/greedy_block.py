@@ -14,22 +14,12 @@ greedy block iteration, and by Lemma 10 no coupling of the two block laws does b
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
-import torch
-
-from verispec.engine.loop import accept_tokens
+from verispec.engine.exact import Law, warped
+from verispec.methods.greedy_block import GREEDY_BLOCK, GreedyBlockMethod
 from verispec.models.toy import TableLM
 from verispec.sampling import Sampling
-from verispec.theory.exact import Law, warped
-from verispec.verify import plan_law
-from verispec.verify.greedy_block import (
-    Modifications,
-    advance_modifications,
-    greedy_block_plan,
-    modified_targets,
-)
 
 __all__ = ["coupling_bound", "greedy_block_law"]
 
@@ -54,40 +44,9 @@ def greedy_block_law(
     """Exact law of the first ``length`` output tokens of Algorithm 6 (``modify=True``,
     lossless) or of Algorithm 4 iterated without modification (``modify=False``, biased)."""
     _check(gamma, length)
-    p, q = warped(target, sampling), warped(draft, sampling)
-    vocab = target.vocab_size
-    law: Law = {}
-
-    def walk(ctx: tuple[int, ...], out: tuple[int, ...], prob: float, mods: Modifications) -> None:
-        room = length - len(out)
-        g = min(gamma, room - 1)
-        for block in itertools.product(range(vocab), repeat=g):
-            q_rows = [q(ctx + block[:i]) for i in range(g + 1)]  # q at positions 0..g
-            block_prob = prob
-            for i, x in enumerate(block):
-                block_prob *= float(q_rows[i][x])
-            if block_prob == 0:
-                continue
-            p_rows = torch.stack([p(ctx + block[:i]) for i in range(g + 1)])[None]  # [1, g+1, V]
-            q_ext = torch.stack(q_rows)[None]  # [1, g+1, V]
-            tokens = torch.tensor([block], dtype=torch.int64).reshape(1, g)
-            layers = modified_targets(p_rows, q_ext, tokens, mods) if modify else p_rows[None]
-            outcome = plan_law(greedy_block_plan(layers[-1], q_ext[:, :g], tokens))[0]
-            for tau, y in (outcome > 0).nonzero().tolist():
-                new, stop = accept_tokens(list(block[:tau]) + [y], target.eos_token_ids, room)
-                step = block_prob * float(outcome[tau, y])
-                if stop:
-                    key = out + tuple(new)
-                    law[key] = law.get(key, 0.0) + step
-                    continue
-                nxt = mods
-                if modify:
-                    nxt = advance_modifications(mods, layers, q_ext, tokens,
-                                                torch.tensor([tau]), torch.tensor([y]))
-                walk(ctx + tuple(new), out + tuple(new), step, nxt)
-
-    walk(tuple(prompt), (), 1.0, Modifications.none(1))
-    return law
+    method = GreedyBlockMethod(modify=modify)
+    return GREEDY_BLOCK.law(method, target, draft, prompt, gamma=gamma,  # type: ignore[misc]
+                            sampling=sampling, length=length)[0]
 
 
 def coupling_bound(

@@ -13,7 +13,7 @@ token was drawn from a residual.
   position that starts an iteration is rejected with probability Π_m TV(r^m, q)
   (:func:`verispec.theory.multidraft.theorem3_rejection`), a position on an accepted branch
   with TV(p, q) (Theorem 3).
-* :func:`simulate_rejections` runs :func:`verispec.engine.loop.speculative_generate` itself
+* :func:`simulate_rejections` runs the engine itself (:func:`verispec.engine.loop.generate_one`)
   (token or multidraft method, model drafter) with γ = T and a budget of T + 1 tokens, so
   that positions 1..T are always drafted, as in the paper, and counts iterations that end
   in a rejection (τ < drafted length).
@@ -26,13 +26,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from verispec.drafters.base import Draft
+from verispec.checks import check_positive
 from verispec.drafters.model import ModelDrafter
-from verispec.engine.loop import speculative_generate
-from verispec.engine.methods import Method
+from verispec.engine.loop import generate_one
+from verispec.engine.protocols import Method, VerifyBatch
+from verispec.engine.request import Request
 from verispec.methods import build_method
 from verispec.models.toy import TableLM
-from verispec.sampling import Sampling
+from verispec.sampling import Randomness, Sampling
 from verispec.verify import VerifyResult
 from verispec.verify._core import normalise_or
 
@@ -103,7 +104,7 @@ def expected_rejections(target: NonStationaryMarkovLM, draft: NonStationaryMarko
     v = target.vocab_size
     if draft.vocab_size != v:
         raise ValueError("target and draft chains need the same number of states")
-    if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 1:
+    if check_positive("num_drafts", num_drafts) < 1:
         raise ValueError(f"num_drafts must be an integer >= 1, got {num_drafts!r}")
     t = target.horizon if horizon is None else horizon
     mu = torch.full((v,), 1.0 / v, dtype=torch.float64) if initial is None else initial.to(torch.float64)
@@ -152,14 +153,9 @@ class _CountingMethod(Method):
         self.num_drafts, self.needs_next_probs = inner.num_drafts, inner.needs_next_probs
         self.rejections = 0
 
-    def reset(self) -> None:
-        self.inner.reset()
-        self.rejections = 0
-
-    def verify(self, target_probs: Tensor, draft: Draft, generator: torch.Generator) -> VerifyResult:
-        result = self.inner.verify(target_probs, draft, generator)
-        if int(result.num_accepted[0]) < draft.gamma:
-            self.rejections += 1
+    def verify(self, batch: VerifyBatch) -> VerifyResult:
+        result = self.inner.verify(batch)
+        self.rejections += int((result.num_accepted < batch.lengths).sum())
         return result
 
 
@@ -181,9 +177,10 @@ def simulate_rejections(target: NonStationaryMarkovLM, draft: NonStationaryMarko
     try:
         for i in range(runs):
             x0 = int(torch.randint(target.vocab_size, (1,), generator=prompts))
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
-            speculative_generate(target, ModelDrafter(draft, sampling), [x0], method=method, gamma=t,
-                                 sampling=sampling, max_new_tokens=t + 1, generator=gen)
+            random = Randomness(torch.Generator().manual_seed(seed * 1_000_003 + i))
+            method.rejections = 0
+            generate_one(target, Request([x0], method, sampling, t + 1, random, t,
+                                         ModelDrafter(draft)))
             counts.append(method.rejections)
     finally:
         torch.set_num_threads(threads)

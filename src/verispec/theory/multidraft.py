@@ -19,16 +19,16 @@ p = target, q = draft (the paper uses the opposite letters).
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import accept_tokens
+from verispec.checks import check_positive
+from verispec.engine.exact import Law, walk
+from verispec.methods.multidraft import multidraft_step
 from verispec.models.toy import TableLM
 from verispec.sampling import Sampling
-from verispec.theory.exact import Law, warped
 from verispec.verify._core import normalise_or
 from verispec.verify.multidraft import multidraft_law, multidraft_plan
 
@@ -45,13 +45,7 @@ __all__ = [
 
 
 def _num_drafts(num_drafts: int) -> int:
-    try:
-        m = operator.index(num_drafts)
-    except TypeError:
-        m = 0
-    if isinstance(num_drafts, bool) or m < 1:
-        raise ValueError(f"the number of drafts M must be an integer >= 1, got {num_drafts!r}")
-    return m
+    return check_positive("the number of drafts M", num_drafts)
 
 
 def multidraft_speculative_law(
@@ -68,44 +62,7 @@ def multidraft_speculative_law(
 
     Enumerates V^{γM} draft tuples per iteration: keep V, γ, M and ``length`` tiny.
     """
-    m = _num_drafts(num_drafts)
-    p, q = warped(target, sampling), warped(draft, sampling)
-    v = target.vocab_size
-    law: Law = {}
-
-    def walk(ctx: tuple[int, ...], out: tuple[int, ...], prob: float) -> None:
-        room = length - len(out)
-        g = min(gamma, room - 1)
-        rows = m if g > 0 else 1  # the engine drafts nothing (one row) when γ is cut to 0
-        blocks = list(itertools.product(range(v), repeat=g))  # every single draft block
-        q_blk = torch.stack([torch.stack([q(ctx + b[:i]) for i in range(g)]) if g
-                             else torch.zeros((0, v), dtype=torch.float64) for b in blocks])
-        p_blk = torch.stack([torch.stack([p(ctx + b[:i]) for i in range(g + 1)]) for b in blocks])
-        tok_blk = torch.tensor(blocks, dtype=torch.int64).reshape(len(blocks), g)
-        blk_prob = q_blk.gather(-1, tok_blk[..., None]).squeeze(-1).prod(-1)  # [nb]
-        combos = torch.tensor(list(itertools.product(range(len(blocks)), repeat=rows)),
-                              dtype=torch.int64).reshape(-1, rows)  # [C, M] block indices
-        weight = blk_prob[combos].prod(-1)  # [C] probability of the draft tuple
-        keep = weight > 0
-        combos, weight = combos[keep], weight[keep]
-        outcome = multidraft_law(multidraft_plan(p_blk[combos], q_blk[combos], tok_blk[combos]))
-        outcome = outcome * weight[:, None, None, None]  # [C, M, g+1, V]
-        steps: dict[tuple[tuple[int, ...], str], float] = {}
-        for j, tau in itertools.product(range(rows), range(g + 1)):
-            per_block = torch.zeros((len(blocks), v), dtype=torch.float64)
-            per_block.index_add_(0, combos[:, j], outcome[:, j, tau])  # [nb, V]
-            for bi, y in (per_block > 0).nonzero().tolist():
-                new, stop = accept_tokens(list(blocks[bi][:tau]) + [y], target.eos_token_ids, room)
-                key = (tuple(new), stop)
-                steps[key] = steps.get(key, 0.0) + float(per_block[bi, y])
-        for (new, stop), step in steps.items():
-            if stop:
-                law[out + new] = law.get(out + new, 0.0) + prob * step
-            else:
-                walk(ctx + new, out + new, prob * step)
-
-    walk(tuple(prompt), (), 1.0)
-    return law
+    return walk(prompt, length, multidraft_step(target, draft, num_drafts, gamma, sampling))
 
 
 def single_token_rejection(p: Tensor, q: Tensor, num_drafts: int) -> float:

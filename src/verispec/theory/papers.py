@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from verispec.checks import TOLERANCE
 from verispec.models.toy import ContextIndependentLM
 from verispec.sampling import Sampling
 from verispec.theory.audit import audit_models
@@ -99,7 +100,7 @@ def ot_bound(*, model: str = "random", vocab: int = 3, gamma: int = 3, seed: int
                            ("greedy_block", greedy_block_plan))
     }
     bound = coupling_bound(target, draft, prompt, gamma=gamma, sampling=s)
-    slack = 1e-12
+    slack = TOLERANCE
     return {
         "model": model, "vocab": vocab, "gamma": gamma, "seed": seed, "temperature": temperature,
         **values, "bound": bound,
@@ -175,7 +176,7 @@ def batch_curves(*, max_drafts: int = 8, states: int = 7, horizon: int = 50, see
     unif = []
     for r in uniform_r:
         v_all = round(r)  # V tokens for the draft, V' = 1 for the target: r = V / V'
-        if abs(v_all - r) > 1e-12 or v_all < 1:
+        if abs(v_all - r) > TOLERANCE or v_all < 1:
             raise ValueError(f"the uniform example uses integer r = V/V' here, got {r}")
         q = torch.full((v_all,), 1.0 / v_all, dtype=torch.float64)
         p = torch.zeros(v_all, dtype=torch.float64)
@@ -235,5 +236,5 @@ def pareto_points(*, vocab: int = 5, seed: int = 0, epsilons: list[float] | None
                      "front": tv - float(rej), "opt_error": abs(bias_opt - (tv - float(rej)))})
     return {"vocab": vocab, "seed": seed, "p": p.tolist(), "q": q.tolist(), "tv": tv, "points": rows,
             "max_opt_error": max(r["opt_error"] for r in rows),
-            "uno_above_front": all(r["tv_uno"] >= r["front"] - 1e-12 for r in rows),
+            "uno_above_front": all(r["tv_uno"] >= r["front"] - TOLERANCE for r in rows),
             "note": "Theorem 5: P(reject) + min_P TV = TV(p, q) for b = min{1, (p+ε)/q}"}

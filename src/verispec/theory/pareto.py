@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from verispec.checks import TOLERANCE
 from verispec.verify.lossy import step_law
 
 __all__ = [
@@ -60,7 +61,7 @@ def theorem4_a(p: Tensor, q: Tensor, b: Tensor) -> Tensor:
     return torch.where(ok, (p - b * q) / torch.where(ok, mass, torch.ones_like(mass)), torch.nan)
 
 
-def in_optimal_set(resid: Tensor, a: Tensor, atol: float = 1e-12) -> Tensor:
+def in_optimal_set(resid: Tensor, a: Tensor, atol: float = TOLERANCE) -> Tensor:
     """Theorem 4's optimal set: P = 0 where A < 0 and 0 ≤ P ≤ A where A ≥ 0. [...] bool."""
     neg = a < 0
     zero_on_neg = torch.where(neg, resid.abs() <= atol, True)

@@ -110,8 +110,8 @@ def pearl_phase_simulation(alpha: float, gamma: int, tokens: int = 3000, seed: i
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"the simulation needs 0 < α < 1, got {alpha}")
     try:
-        from verispec.engine.pearl.reference import reference_generate
-        from verispec.engine.pearl.schedule import PearlConfig
+        from verispec.methods.pearl.reference import reference_generate
+        from verispec.methods.pearl.schedule import PearlConfig
     except ImportError as exc:  # pragma: no cover - PEARL ships with verispec
         raise ValueError(f"pearl: not yet available ({exc})") from exc
     from verispec.models.toy import ContextIndependentLM

@@ -15,7 +15,9 @@ from verispec.verify._core import (
     VerifyPlan,
     VerifyResult,
     draw,
+    draw_rows,
     plan_law,
+    restrict,
 )
 from verispec.verify.block import block_plan, block_verify
 from verispec.verify.greedy_block import greedy_block_plan, greedy_block_verify
@@ -33,6 +35,7 @@ __all__ = [
     "block_plan",
     "block_verify",
     "draw",
+    "draw_rows",
     "greedy_block_plan",
     "greedy_block_verify",
     "lossy_plan",
@@ -42,6 +45,7 @@ __all__ = [
     "multidraft_plan",
     "multidraft_verify",
     "plan_law",
+    "restrict",
     "token_plan",
     "token_verify",
 ]

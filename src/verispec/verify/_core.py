@@ -20,13 +20,14 @@ produces the samples.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
-from verispec.sampling import sample_from
+from verispec.sampling import Randomness, sample_from
 
 __all__ = [
     "Verifier",
@@ -34,8 +35,10 @@ __all__ = [
     "VerifyResult",
     "check_verifier_inputs",
     "draw",
+    "draw_rows",
     "normalise_or",
     "plan_law",
+    "restrict",
     "token_prob",
 ]
 
@@ -70,11 +73,15 @@ class VerifyPlan:
         residuals: [B, γ+1, V] distribution of Y given τ = i (row γ is the bonus distribution).
         rule: ``"first_reject"`` (τ = number of leading acceptances; token verification) or
             ``"last_accept"`` (τ = largest accepted i, 0 if none; block verification).
+        lengths: [B] int64 γ_b, the real draft length of each row of a ragged batch (None:
+            every row has γ). Entries of ``accept_probs`` beyond γ_b are 0 and
+            ``residuals[b, γ_b]`` is the bonus distribution (see :func:`restrict`).
     """
 
     accept_probs: Tensor
     residuals: Tensor
     rule: Rule
+    lengths: Tensor | None = None
 
 
 class Verifier(Protocol):
@@ -136,20 +143,76 @@ def normalise_or(weights: Tensor, fallback: Tensor) -> Tensor:
 
 
 def draw(plan: VerifyPlan, generator: torch.Generator) -> VerifyResult:
-    """Sample (τ, Y) for every row of a plan with uniforms from ``generator``."""
+    """Sample (τ, Y) for every row of a plan with uniforms from one ``generator``."""
+    h = plan.accept_probs  # [B, γ]
+    eta = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
+    tau = _tau(eta < h, plan.rule)  # P(eta_i < h_i) = h_i exactly for eta in [0, 1)
+    residual = plan.residuals[torch.arange(h.shape[0], device=h.device), tau]  # [B, V]
+    return VerifyResult(num_accepted=tau, next_token=sample_from(residual, generator))
+
+
+def restrict(plan: VerifyPlan, target_probs: Tensor, lengths: Tensor | None,
+             last_accept: Tensor | None = None) -> VerifyPlan:
+    """The plan of a ragged batch: row b keeps only its first γ_b = ``lengths[b]`` draft tokens.
+
+    A plan computed on padded blocks is right for positions < γ_b of row b, because every
+    h_i and residual depends only on the draft prefix up to i — except where the last
+    position is special: the bonus distribution ``residuals[b, γ_b]`` is p at position γ_b,
+    and a verifier whose h_γ has its own formula (block verification's h_γ = p_γ) passes
+    ``last_accept`` [B, γ+1], whose entry γ_b becomes h_{γ_b}. Acceptances beyond γ_b are 0.
+
+    Args:
+        plan: accept_probs [B, γ], residuals [B, γ+1, V].
+        target_probs: [B, γ+1, V] p.
+        lengths: [B] int64 in [0, γ], or None (nothing to restrict).
+    """
+    if lengths is None:
+        return plan
+    b, gamma = plan.accept_probs.shape
+    dev = plan.accept_probs.device
+    g = lengths.to(device=dev, dtype=torch.int64)[:, None]  # [B, 1]
+    pos = torch.arange(1, gamma + 1, device=dev)[None]  # [1, γ]: h[:, i-1] is h_i
+    h = torch.where(pos <= g, plan.accept_probs, torch.zeros_like(plan.accept_probs))
+    if last_accept is not None and gamma > 0:
+        last = last_accept.gather(1, g).expand(b, gamma)  # [B, γ]
+        h = torch.where(pos == g, last, h)
+    rows = torch.arange(b, device=dev)
+    bonus = target_probs[rows, g[:, 0]]  # [B, V]
+    at_end = (torch.arange(gamma + 1, device=dev)[None] == g)[..., None]  # [B, γ+1, 1]
+    residuals = torch.where(at_end, bonus[:, None], plan.residuals)
+    return VerifyPlan(h, residuals, plan.rule, g[:, 0])
+
+
+def draw_rows(plan: VerifyPlan, randoms: Sequence[Randomness]) -> VerifyResult:
+    """Sample (τ, Y) for every row, row b's coins and Y from its own :class:`Randomness`.
+
+    Row b draws exactly γ_b coins (``plan.lengths``) and then one Y, in that order — the
+    same calls a batch of one makes, so a row's outcome does not depend on its batch.
+    """
     h = plan.accept_probs  # [B, γ]
     b, gamma = h.shape
-    eta = torch.rand((b, gamma), generator=generator, dtype=h.dtype, device=h.device)
-    accepted = eta < h  # [B, γ] bool; P(accepted_i) = h_i exactly for eta in [0, 1)
-    if plan.rule == "first_reject":
-        tau = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
-    else:
-        idx = torch.arange(0, gamma + 1, device=h.device).expand(b, gamma + 1)
-        first = torch.ones((b, 1), dtype=torch.bool, device=h.device)  # τ = 0 needs no acceptance
-        hit = torch.cat([first, accepted], dim=1)  # [B, γ+1]
-        tau = torch.where(hit, idx, torch.zeros_like(idx)).amax(dim=1)  # [B]
+    if len(randoms) != b:
+        raise ValueError(f"{len(randoms)} random sources for {b} rows")
+    lengths = [gamma] * b if plan.lengths is None else plan.lengths.tolist()
+    accepted = torch.zeros((b, gamma), dtype=torch.bool, device=h.device)
+    for row, (rand, g) in enumerate(zip(randoms, lengths, strict=True)):
+        if g:
+            accepted[row, :g] = rand.coins(h[row, :g])
+    tau = _tau(accepted, plan.rule)
     residual = plan.residuals[torch.arange(b, device=h.device), tau]  # [B, V]
-    return VerifyResult(num_accepted=tau, next_token=sample_from(residual, generator))
+    y = torch.cat([rand.choose(residual[row : row + 1]) for row, rand in enumerate(randoms)])
+    return VerifyResult(num_accepted=tau, next_token=y)
+
+
+def _tau(accepted: Tensor, rule: Rule) -> Tensor:
+    """τ [B] from the coins [B, γ] under ``rule``."""
+    b, gamma = accepted.shape
+    if rule == "first_reject":
+        return accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    idx = torch.arange(0, gamma + 1, device=accepted.device).expand(b, gamma + 1)
+    first = torch.ones((b, 1), dtype=torch.bool, device=accepted.device)  # τ = 0 always reachable
+    hit = torch.cat([first, accepted], dim=1)  # [B, γ+1]
+    return torch.where(hit, idx, torch.zeros_like(idx)).amax(dim=1)
 
 
 def plan_law(plan: VerifyPlan) -> Tensor:

@@ -20,19 +20,22 @@ from verispec.verify._core import (
     check_verifier_inputs,
     draw,
     normalise_or,
+    restrict,
     token_prob,
 )
 
 __all__ = ["block_plan", "block_verify"]
 
 
-def block_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) -> VerifyPlan:
+def block_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, *,
+               lengths: Tensor | None = None) -> VerifyPlan:
     """Acceptance probabilities and residuals of block verification.
 
     Args:
         target_probs: [B, γ+1, V] p.
         draft_probs: [B, γ, V] q.
         draft_tokens: [B, γ] int64.
+        lengths: [B] int64 γ_b ≤ γ for a ragged batch (row b's h_{γ_b} is then p_{γ_b}).
     """
     check_verifier_inputs(target_probs, draft_probs, draft_tokens)
     b, gamma = draft_tokens.shape
@@ -50,7 +53,8 @@ def block_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) 
     # h_0 is never used (τ = 0 needs no acceptance); shift to h_1..h_{γ-1} and append h_γ.
     h = torch.cat([h_inner[:, 1:], p_path[:, 1:][:, -1:]], dim=1)  # [B, γ] (empty if γ = 0)
     residuals = torch.cat([normalise_or(weights, p_head), target_probs[:, -1:]], dim=1)
-    return VerifyPlan(accept_probs=h, residuals=residuals, rule="last_accept")
+    return restrict(VerifyPlan(accept_probs=h, residuals=residuals, rule="last_accept"),
+                    target_probs, lengths, last_accept=p_path)
 
 
 def block_verify(

@@ -41,6 +41,7 @@ from verispec.verify._core import (
     check_verifier_inputs,
     draw,
     normalise_or,
+    restrict,
     token_prob,
 )
 
@@ -55,7 +56,8 @@ __all__ = [
 
 
 def greedy_block_plan(
-    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor
+    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, *,
+    lengths: Tensor | None = None,
 ) -> VerifyPlan:
     """Acceptance probabilities and residuals of greedy block verification (Algorithm 4).
 
@@ -63,6 +65,7 @@ def greedy_block_plan(
         target_probs: [B, γ+1, V] p (the *current*, possibly modified, target).
         draft_probs: [B, γ, V] q.
         draft_tokens: [B, γ] int64.
+        lengths: [B] int64 γ_b ≤ γ for a ragged batch (row b's h_{γ_b} is min{1, p_{γ_b}}).
     """
     check_verifier_inputs(target_probs, draft_probs, draft_tokens)
     b, gamma = draft_tokens.shape
@@ -80,7 +83,8 @@ def greedy_block_plan(
     h_last = p_path[:, -1:].clamp(max=1.0)  # [B, 1] (p_0 = 1 if γ = 0; then sliced away)
     h = torch.cat([h_inner[:, 1:], h_last], dim=1)[:, :gamma]  # [B, γ]
     residuals = torch.cat([normalise_or(weights, p_head), target_probs[:, -1:]], dim=1)
-    return VerifyPlan(accept_probs=h, residuals=residuals, rule="last_accept")
+    return restrict(VerifyPlan(accept_probs=h, residuals=residuals, rule="last_accept"),
+                    target_probs, lengths, last_accept=p_path.clamp(max=1.0))
 
 
 def greedy_block_verify(
@@ -128,6 +132,20 @@ class Modifications:
     @property
     def num_layers(self) -> int:
         return int(self.ratios.shape[1])
+
+    @staticmethod
+    def stack(rows: list[Modifications]) -> Modifications:
+        """One-row states side by side, padded with expired (identity) layers: [B, L_max]."""
+        width = max(m.num_layers for m in rows)
+        pad = torch.nn.functional.pad
+        return Modifications(
+            torch.cat([pad(m.ratios, (0, width - m.num_layers), value=1.0) for m in rows]),
+            torch.cat([pad(m.remaining, (0, width - m.num_layers)) for m in rows]))
+
+    def row(self, b: int) -> Modifications:
+        """Row b alone, without the layers that expired in it: [1, L_b]."""
+        live = self.remaining[b] > 0
+        return Modifications(self.ratios[b : b + 1, live], self.remaining[b : b + 1, live])
 
 
 def _path_ratios(base: Tensor, q_ext: Tensor, tokens: Tensor, ratio: Tensor) -> Tensor:
@@ -205,7 +223,8 @@ def modified_targets(
 
 
 def advance_modifications(
-    mods: Modifications, layers: Tensor, q_ext: Tensor, tokens: Tensor, tau: Tensor, y: Tensor
+    mods: Modifications, layers: Tensor, q_ext: Tensor, tokens: Tensor, tau: Tensor, y: Tensor,
+    lengths: Tensor | None = None,
 ) -> Modifications:
     """The state after an iteration emitted X_1..X_τ, Y (Algorithm 6, line 6).
 
@@ -217,9 +236,10 @@ def advance_modifications(
         mods: the state the iteration verified with.
         layers: [L+1, B, G+1, V] from :func:`modified_targets` for that iteration.
         q_ext: [B, G+1, V]; tokens: [B, G]; tau: [B] int64 τ; y: [B] int64 Y.
+        lengths: [B] int64 γ_b of a ragged batch (the new layer of row b covers γ_b−τ−1).
     """
     _, b, g1, _ = layers.shape
-    gamma = g1 - 1
+    gamma = g1 - 1 if lengths is None else lengths.to(tau.device)
     pos = torch.arange(g1, device=tokens.device)[None, :]  # [1, G+1]
     emitted = torch.cat([tokens, y[:, None]], dim=1)  # [B, G+1]; Y placed at column τ below
     emitted = torch.where(pos == tau[:, None], y[:, None], emitted)  # [B, G+1]

@@ -34,10 +34,20 @@ from verispec.verify._core import (
     check_verifier_inputs,
     draw,
     normalise_or,
+    restrict,
     token_prob,
 )
 
-__all__ = ["RESIDUALS", "Residual", "check_lossy_params", "lossy_plan", "lossy_verify", "step_law"]
+__all__ = [
+    "RESIDUALS",
+    "Residual",
+    "check_lossy_params",
+    "lossy_plan",
+    "lossy_plan_with_bias",
+    "lossy_verify",
+    "reached_bias",
+    "step_law",
+]
 
 Residual = Literal["opt", "target"]
 #: The residual choices: Theorem 4's optimum, or the target (Decoding-UNO).
@@ -96,7 +106,8 @@ def step_law(p: Tensor, q: Tensor, epsilon: float, residual: Residual) -> tuple[
 
 
 def _plan(
-    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, epsilon: float, residual: str
+    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, epsilon: float, residual: str,
+    lengths: Tensor | None = None,
 ) -> tuple[VerifyPlan, Tensor]:
     """The plan and the per-position bias TV(step law, p): [B, γ]."""
     check_verifier_inputs(target_probs, draft_probs, draft_tokens)
@@ -109,7 +120,9 @@ def _plan(
     residuals = torch.cat([resid, target_probs[:, -1:]], dim=1)  # [B, γ+1, V]; bonus = p
     out = kept + p_reject.unsqueeze(-1) * resid  # [B, γ, V]
     tv = 0.5 * (out - p_head).abs().sum(dim=-1)  # [B, γ]
-    return VerifyPlan(accept_probs=h, residuals=residuals, rule="first_reject"), tv
+    plan = restrict(VerifyPlan(accept_probs=h, residuals=residuals, rule="first_reject"),
+                    target_probs, lengths)
+    return plan, tv
 
 
 def lossy_plan(
@@ -119,6 +132,7 @@ def lossy_plan(
     *,
     epsilon: float,
     residual: Residual,
+    lengths: Tensor | None = None,
 ) -> VerifyPlan:
     """Acceptance probabilities b(X_i) and residuals of lossy verification (not lossless).
 
@@ -129,7 +143,7 @@ def lossy_plan(
         epsilon: over-acceptance ε ≥ 0.
         residual: "opt" (Theorem 4, Decoding-OPT) or "target" (Decoding-UNO).
     """
-    return _plan(target_probs, draft_probs, draft_tokens, epsilon, residual)[0]
+    return _plan(target_probs, draft_probs, draft_tokens, epsilon, residual, lengths)[0]
 
 
 def lossy_verify(
@@ -146,10 +160,26 @@ def lossy_verify(
     Returns τ [B], Y [B] and ``bias_tv`` [B]: the sum of TV(step law, p) over the verified
     positions 1..τ+1 if τ < γ, 1..γ if τ = γ (the bonus token is drawn from p exactly).
     """
-    plan, tv = _plan(target_probs, draft_probs, draft_tokens, epsilon, residual)
+    plan, tv = lossy_plan_with_bias(target_probs, draft_probs, draft_tokens, epsilon=epsilon,
+                                    residual=residual)
     result = draw(plan, generator)
-    gamma = tv.shape[1]
-    pos = torch.arange(gamma, device=tv.device)  # [γ], 0-based position i verifies X_{i+1}
-    reached = pos[None, :] <= result.num_accepted[:, None]  # [B, γ]
-    result.bias_tv = torch.where(reached, tv, torch.zeros_like(tv)).sum(dim=1)  # [B]
+    result.bias_tv = reached_bias(tv, result.num_accepted, None)
     return result
+
+
+def lossy_plan_with_bias(
+    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, *, epsilon: float,
+    residual: Residual, lengths: Tensor | None = None,
+) -> tuple[VerifyPlan, Tensor]:
+    """:func:`lossy_plan` and the per-position bias TV(step law, p) [B, γ]."""
+    return _plan(target_probs, draft_probs, draft_tokens, epsilon, residual, lengths)
+
+
+def reached_bias(tv: Tensor, tau: Tensor, lengths: Tensor | None) -> Tensor:
+    """Σ of ``tv`` [B, γ] over the positions a step verified: 1..τ+1, capped at γ_b → [B]."""
+    gamma = tv.shape[1]
+    pos = torch.arange(gamma, device=tv.device)[None, :]  # 0-based position i verifies X_{i+1}
+    reached = pos <= tau.to(tv.device)[:, None]  # [B, γ]
+    if lengths is not None:
+        reached &= pos < lengths.to(tv.device)[:, None]
+    return torch.where(reached, tv, torch.zeros_like(tv)).sum(dim=1)

@@ -39,7 +39,8 @@ def check_threshold(threshold: float) -> float:
 
 
 def mjsd_accepted(
-    target_probs: Tensor, draft_joint: Tensor, draft_tokens: Tensor, threshold: float
+    target_probs: Tensor, draft_joint: Tensor, draft_tokens: Tensor, threshold: float, *,
+    lengths: Tensor | None = None,
 ) -> Tensor:
     """τ per row, deterministic.
 
@@ -47,6 +48,7 @@ def mjsd_accepted(
         target_probs: [B, γ+1, V] warped p along the draft.
         draft_joint: [B, γ] q(x_1..x_j) of the draft's prefixes.
         draft_tokens: [B, γ] int64.
+        lengths: [B] int64 γ_b ≤ γ for a ragged batch (prefixes beyond γ_b never pass).
     Returns:
         [B] int64, the largest j with min(1, p(x_1..x_j) / q(x_1..x_j)) > threshold, else 0.
     """
@@ -67,6 +69,8 @@ def mjsd_accepted(
     ratio = torch.clamp(p_joint / q_joint, max=1.0)  # [B, γ]; NaN only if p = q = 0
     passes = ratio > threshold  # [B, γ]; NaN compares False
     idx = torch.arange(1, gamma + 1, device=p_joint.device).expand(b, gamma)  # [B, γ]
+    if lengths is not None:
+        passes &= idx <= lengths.to(p_joint.device)[:, None]
     zero = torch.zeros((b, 1), dtype=torch.int64, device=p_joint.device)
     return torch.cat([zero, torch.where(passes, idx, 0)], dim=1).amax(dim=1)  # [B]
 

@@ -26,6 +26,7 @@ into an ordinary :class:`~verispec.verify._core.VerifyPlan`, so the sampler
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,15 +37,18 @@ from verispec.verify._core import (
     VerifyResult,
     check_verifier_inputs,
     draw,
+    draw_rows,
     normalise_or,
     plan_law,
 )
+from verispec.sampling import Randomness
 from verispec.verify.token import token_plan
 
 __all__ = [
     "MultiDraftPlan",
     "branch_plan",
     "multidraft_draw",
+    "multidraft_draw_rows",
     "multidraft_law",
     "multidraft_plan",
     "multidraft_verify",
@@ -64,11 +68,13 @@ class MultiDraftPlan:
         tail: token-verification plan of positions 2..γ of every draft, rows flattened as
             b·M + m: accept_probs [B·M, γ-1], residuals [B·M, γ, V] (row γ-1 is the bonus
             distribution p at position γ of draft m). None when γ = 0.
+        lengths: [B] int64 γ_b of a ragged batch, or None.
     """
 
     first_accept: Tensor
     residuals: Tensor
     tail: VerifyPlan | None
+    lengths: Tensor | None = None
 
     @property
     def num_drafts(self) -> int:
@@ -96,7 +102,8 @@ def _check(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) -> N
 
 
 def multidraft_plan(
-    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor
+    target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, *,
+    lengths: Tensor | None = None,
 ) -> MultiDraftPlan:
     """First-token acceptance probabilities, residual chain and tail plans of Algorithm 4.
 
@@ -106,6 +113,8 @@ def multidraft_plan(
         draft_probs: [B, M, γ, V] q along each draft, exactly as sampled from; position 0 is
             shared (draft 0's row is used).
         draft_tokens: [B, M, γ] int64; X^1_1..X^M_1 must be i.i.d. from q_0.
+        lengths: [B] int64 γ_b ≤ γ for a ragged batch (a row with γ_b = 0 has no draft: its
+            first-token acceptances are 0 and Y ~ p).
     """
     _check(target_probs, draft_probs, draft_tokens)
     b, m, g1, v = target_probs.shape
@@ -121,12 +130,19 @@ def multidraft_plan(
         r = residuals[-1]
         accept.append(torch.clamp(r.gather(1, x1[:, j : j + 1]) / q_x1[:, j : j + 1], max=1.0))
         residuals.append(normalise_or((r - q0).clamp_min(0), r))
+    tail_lengths = None if lengths is None else (lengths - 1).clamp_min(0).repeat_interleave(m)
     tail = token_plan(
         target_probs[:, :, 1:].flatten(0, 1),  # [B·M, γ, V]
         draft_probs[:, :, 1:].flatten(0, 1),  # [B·M, γ-1, V]
         draft_tokens[:, :, 1:].flatten(0, 1),  # [B·M, γ-1]
+        lengths=tail_lengths,
     )
-    return MultiDraftPlan(torch.cat(accept, dim=1), torch.stack(residuals, dim=1), tail)
+    first, chain = torch.cat(accept, dim=1), torch.stack(residuals, dim=1)  # [B, M], [B, M+1, V]
+    if lengths is not None:  # rows without a draft: nothing to accept, Y ~ p
+        none = (lengths == 0).to(first.device)
+        first = torch.where(none[:, None], torch.zeros_like(first), first)
+        chain = torch.where(none[:, None, None], p0[:, None], chain)
+    return MultiDraftPlan(first, chain, tail, lengths)
 
 
 def branch_plan(plan: MultiDraftPlan, branch: Tensor, accepted: Tensor) -> VerifyPlan:
@@ -147,7 +163,7 @@ def branch_plan(plan: MultiDraftPlan, branch: Tensor, accepted: Tensor) -> Verif
     rows = torch.arange(b, device=branch.device) * m + branch  # [B] rows of the tail plan
     h = torch.cat([accepted.to(final.dtype)[:, None], plan.tail.accept_probs[rows]], dim=1)
     residuals = torch.cat([final, plan.tail.residuals[rows]], dim=1)  # [B, γ+1, V]
-    return VerifyPlan(h, residuals, "first_reject")
+    return VerifyPlan(h, residuals, "first_reject", plan.lengths)
 
 
 def multidraft_draw(plan: MultiDraftPlan, generator: torch.Generator) -> VerifyResult:
@@ -158,6 +174,23 @@ def multidraft_draw(plan: MultiDraftPlan, generator: torch.Generator) -> VerifyR
     accepted = hit.any(dim=1)  # [B]
     branch = torch.where(accepted, hit.to(torch.int64).argmax(dim=1), 0)  # [B] first hit
     result = draw(branch_plan(plan, branch, accepted), generator)
+    result.extras["branch"] = branch
+    return result
+
+
+def multidraft_draw_rows(plan: MultiDraftPlan, randoms: Sequence[Randomness]) -> VerifyResult:
+    """:func:`multidraft_draw` with row b's decisions from its own :class:`Randomness`: its
+    M first-token coins (none when γ_b = 0), then the branch's coins, then Y."""
+    a = plan.first_accept  # [B, M]
+    b, m = a.shape
+    lengths = [None] * b if plan.lengths is None else plan.lengths.tolist()
+    hit = torch.zeros((b, m), dtype=torch.bool, device=a.device)
+    for row, (rand, g) in enumerate(zip(randoms, lengths, strict=True)):
+        if g != 0 and plan.tail is not None:
+            hit[row] = rand.coins(a[row])
+    accepted = hit.any(dim=1)  # [B]
+    branch = torch.where(accepted, hit.to(torch.int64).argmax(dim=1), 0)  # [B] first hit
+    result = draw_rows(branch_plan(plan, branch, accepted), randoms)
     result.extras["branch"] = branch
     return result
 

@@ -15,19 +15,22 @@ from verispec.verify._core import (
     check_verifier_inputs,
     draw,
     normalise_or,
+    restrict,
     token_prob,
 )
 
 __all__ = ["token_plan", "token_verify"]
 
 
-def token_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) -> VerifyPlan:
+def token_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, *,
+               lengths: Tensor | None = None) -> VerifyPlan:
     """Acceptance probabilities and residuals of token verification.
 
     Args:
         target_probs: [B, γ+1, V] p.
         draft_probs: [B, γ, V] q.
         draft_tokens: [B, γ] int64.
+        lengths: [B] int64 γ_b ≤ γ for a ragged batch (see :func:`~verispec.verify.restrict`).
     """
     check_verifier_inputs(target_probs, draft_probs, draft_tokens)
     p_x = token_prob(target_probs, draft_tokens)  # [B, γ]
@@ -36,7 +39,8 @@ def token_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) 
     p_head = target_probs[:, :-1]  # [B, γ, V]
     residual = normalise_or((p_head - draft_probs).clamp_min(0), p_head)  # [B, γ, V]
     residuals = torch.cat([residual, target_probs[:, -1:]], dim=1)  # [B, γ+1, V]
-    return VerifyPlan(accept_probs=h, residuals=residuals, rule="first_reject")
+    return restrict(VerifyPlan(accept_probs=h, residuals=residuals, rule="first_reject"),
+                    target_probs, lengths)
 
 
 def token_verify(

@@ -24,7 +24,7 @@ Why it is lossless: every verification checks a block of tokens drafted autoregr
 from q after the committed context, with a lossless verifier; dropping the bonus token on
 full acceptance only replaces one exact target sample by the continuation of the same
 process from the longer context, which has the target law by induction. The exact
-enumeration in :mod:`verispec.engine.pearl.reference` proves it on toy models.
+enumeration in :mod:`verispec.methods.pearl.reference` proves it on toy models.
 
 Randomness: every random number comes from the request's ``torch.Generator``, drawn by the
 coordinator in a fixed order per phase — γ uniforms for the draft's tokens (inverse-CDF

@@ -1,9 +1,9 @@
 """The request loop shared by the sequential reference and the concurrent engine.
 
-The loop asks :func:`~verispec.engine.pearl.schedule.next_phase` what to run, draws the
+The loop asks :func:`~verispec.methods.pearl.schedule.next_phase` what to run, draws the
 draft's uniforms, hands the phase to an :class:`Executor` (in-process and sequential for the
 reference; two worker processes running at the same time for the engine), verifies with
-:func:`~verispec.engine.pearl.schedule.resolve` (drawing the verification's uniforms) and
+:func:`~verispec.methods.pearl.schedule.resolve` (drawing the verification's uniforms) and
 commits the tokens, clamped at EOS and the budget exactly like the main engine. All random
 numbers are drawn here, in the same order whatever the executor, so both executors give the
 same output for the same seed.
@@ -17,8 +17,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import GenerationOutput, accept_tokens
-from verispec.engine.pearl.schedule import (
+from verispec.engine.request import GenerationOutput, accept_tokens
+from verispec.methods.pearl.schedule import (
     PearlConfig,
     PearlState,
     Phase,
@@ -28,8 +28,8 @@ from verispec.engine.pearl.schedule import (
     resolve,
     verification_uniforms,
 )
-from verispec.engine.pearl.stats import PearlStats
-from verispec.engine.pearl.timeline import Timeline, now
+from verispec.methods.pearl.stats import PearlStats
+from verispec.telemetry.timeline import Timeline, now
 from verispec.verify import VerifyPlan
 
 __all__ = ["Executor", "run_schedule"]

@@ -2,7 +2,7 @@
 
 :class:`PearlEngine` starts a draft worker and a target worker (see :mod:`.workers`) with
 the machine's cores split between them, and runs requests with the shared driver
-(:func:`~verispec.engine.pearl.driver.run_schedule`) through :class:`RemoteExecutor`, which
+(:func:`~verispec.methods.pearl.driver.run_schedule`) through :class:`RemoteExecutor`, which
 sends each phase's draft command and target command at once and waits for both: the two
 models really compute at the same time. The coordinator draws every random number and does
 the verification (the rows are read in place from shared memory), so the output is the
@@ -32,13 +32,14 @@ from typing import Any, NoReturn, Self
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import GenerationOutput
-from verispec.engine.pearl.driver import run_schedule
-from verispec.engine.pearl.schedule import PearlConfig, Phase
-from verispec.engine.pearl.sides import CacheMirror
-from verispec.engine.pearl.stats import PearlStats
-from verispec.engine.pearl.timeline import Timeline, now
-from verispec.engine.pearl.workers import portable, worker_main
+from verispec.engine.request import GenerationOutput
+from verispec.checks import check_positive
+from verispec.methods.pearl.driver import run_schedule
+from verispec.methods.pearl.schedule import PearlConfig, Phase
+from verispec.methods.pearl.sides import CacheMirror
+from verispec.methods.pearl.stats import PearlStats
+from verispec.telemetry.timeline import Timeline, now
+from verispec.methods.pearl.workers import portable, worker_main
 from verispec.models.base import CausalLM
 from verispec.models.loading import check_compatible
 from verispec.sampling import Sampling
@@ -89,8 +90,7 @@ class PearlEngine:
         self.threads = {"draft": default_d if draft_threads is None else draft_threads,
                         "target": default_t if target_threads is None else target_threads}
         for role, n in self.threads.items():
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{role}_threads must be an integer >= 1, got {n!r}")
+            check_positive(f"{role}_threads", n)
         self.vocab = target.vocab_size
         self.eos_token_ids = target.eos_token_ids
         limits = [m.max_length for m in (target, draft) if m.max_length is not None]

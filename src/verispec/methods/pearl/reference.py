@@ -21,17 +21,17 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from verispec.engine.loop import GenerationOutput, accept_tokens
-from verispec.engine.pearl.driver import run_schedule
-from verispec.engine.pearl.schedule import PLANS, PearlConfig, Phase
-from verispec.engine.pearl.sides import CacheMirror, DraftSide, TargetSide
-from verispec.engine.pearl.stats import PearlStats
-from verispec.engine.pearl.timeline import Timeline, now
+from verispec.engine.request import GenerationOutput, accept_tokens
+from verispec.methods.pearl.driver import run_schedule
+from verispec.methods.pearl.schedule import PLANS, PearlConfig, Phase
+from verispec.methods.pearl.sides import CacheMirror, DraftSide, TargetSide
+from verispec.methods.pearl.stats import PearlStats
+from verispec.telemetry.timeline import Timeline, now
 from verispec.models.base import CausalLM
 from verispec.models.loading import check_compatible
 from verispec.models.toy import TableLM
 from verispec.sampling import Sampling
-from verispec.theory.exact import Law, warped
+from verispec.engine.exact import Law, warped
 from verispec.verify import VerifyPlan, plan_law
 
 __all__ = ["LocalExecutor", "pearl_law", "reference_generate"]

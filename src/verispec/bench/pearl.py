@@ -1,6 +1,6 @@
 """Wall-clock benchmark: PEARL vs sequential speculative decoding vs ``ar``, side by side.
 
-``python -m verispec.engine.pearl.bench --prompts 10 --max-new-tokens 128 --temperatures 0,1``
+``python -m verispec.methods.pearl.bench --prompts 10 --max-new-tokens 128 --temperatures 0,1``
 
 One process, the same loaded pair for every method; the PEARL workers start once (their
 start-up and the ``--gamma auto`` probe are reported, not timed) and serve every prompt;
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from verispec.api import generate
-from verispec.engine.pearl.coordinator import PearlEngine
-from verispec.engine.pearl.timeline import draw_timeline
+from verispec.methods.pearl.coordinator import PearlEngine
+from verispec.telemetry.timeline import draw_timeline
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.models.loading import load_model, resolve_dtype
+from verispec.models.loading import PRECISIONS, load_model
 from verispec.sampling import Sampling
 
 __all__ = ["main"]
@@ -56,7 +56,7 @@ def _prompts(n: int) -> list[str]:
 
 def _sequential(row: Row | None, method: str, gamma: int, target: Any, draft: Any,
                 ids: list[int], temperature: float, seed: int, budget: int) -> None:
-    r = generate(target, draft, ids, verifier=method, gamma=None if method == "ar" else gamma,
+    r = generate(target, draft, ids, method=method, gamma=None if method == "ar" else gamma,
                  temperature=temperature, seed=seed, max_new_tokens=budget)
     if row is None:
         return
@@ -89,12 +89,11 @@ def _pearl(row: Row | None, engine: PearlEngine, ids: list[int], temperature: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m verispec.engine.pearl.bench")
+    ap = argparse.ArgumentParser(prog="python -m verispec.bench.pearl")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                    help="auto: bfloat16 where the CPU has avx512_bf16/amx_bf16 or on CUDA, "
-                    "else float32")
+    ap.add_argument("--precision", default="auto", choices=PRECISIONS,
+                    help="numeric format of both models (auto: see `verispec generate --help`)")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default="0,1")
@@ -105,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeline", default=None, help="PNG of PEARL's first prompt (last temperature)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    target = load_model(args.target, dtype=args.dtype, progress=log)
-    draft = load_model(args.draft, dtype=args.dtype, progress=log)
-    if hasattr(target, "model"):  # a transformers model: report the precision auto chose
-        args.dtype = str(resolve_dtype(args.dtype, target.device)[0]).removeprefix("torch.")
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    target = load_model(args.target, precision=args.precision, progress=log)
+    draft = load_model(args.draft, precision=args.precision, progress=log)
     encoded = [list(target.tokenizer.encode(p)) for p in _prompts(args.prompts)]  # type: ignore[attr-defined]
-    results: dict[str, Any] = {"threads_main": torch.get_num_threads(), "runs": {}}
+    results: dict[str, Any] = {"threads_main": torch.get_num_threads(), "runs": {},
+                               "precision": [target.precision, draft.precision]}
     with PearlEngine(target, draft) as engine:
         c, t_d, t_t = engine.measure_speed()
         gamma = max(1, round(c))
@@ -161,7 +161,7 @@ def _report(rows: dict[str, Row], temperature: float, n: int, args: argparse.Nam
             sd_gamma: int, results: dict[str, Any]) -> None:
     base = rows["ar"]
     print(f"\nT={temperature:g}, {n} HumanEval prompts, {args.max_new_tokens} new tokens, "
-          f"dtype {args.dtype}")
+          f"precision target {results['precision'][0]}, draft {results['precision'][1]}")
     print(f"{'method':<24}{'tokens':>7}{'sec':>8}{'tok/s':>7}{'×ar':>7}{'×SD':>7}"
           f"{'acc/phase':>10}{'draft waits':>12}{'target waits':>13}{'=ar':>6}")
     table = {}
@@ -179,14 +179,17 @@ def _report(rows: dict[str, Row], temperature: float, n: int, args: argparse.Nam
             "target_wait": 1 - row.busy["target"] / k, "identical_to_ar": [same, k],
         }
         table[row.name] = entry
-        fmt = (lambda v, spec: "-" if v is None else format(v, spec))
         print(f"{row.name:<24}{row.tokens:>7}{row.seconds:>8.1f}{row.tok_per_s:>7.2f}"
-              f"{entry['speedup_vs_ar']:>7.2f}{fmt(entry['speedup_vs_sd'], '>7.2f'):>7}"
-              f"{fmt(entry['mean_accepted_per_phase'], '>10.2f'):>10}"
-              f"{fmt(entry['draft_wait'], '>12.0%'):>12}{entry['target_wait']:>13.0%}"
+              f"{entry['speedup_vs_ar']:>7.2f}{_fmt(entry['speedup_vs_sd'], '>7.2f'):>7}"
+              f"{_fmt(entry['mean_accepted_per_phase'], '>10.2f'):>10}"
+              f"{_fmt(entry['draft_wait'], '>12.0%'):>12}{entry['target_wait']:>13.0%}"
               f"{f'{same}/{k}' if temperature == 0 else '':>6}")
     results["runs"][f"T={temperature:g}"] = table
 
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

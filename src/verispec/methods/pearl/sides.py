@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from verispec.engine.pearl.schedule import sample_with_uniform
+from verispec.methods.pearl.schedule import sample_with_uniform
 from verispec.models.base import CausalLM
 from verispec.sampling import Sampling
 
@@ -45,10 +45,6 @@ class CacheMirror:
         self.tokens.extend(int(t) for t in fed)
 
 
-def _tensor(tokens: Sequence[int], model: CausalLM) -> Tensor:
-    return torch.tensor(list(tokens), dtype=torch.int64, device=model.device)
-
-
 class _Side:
     def __init__(self, model: CausalLM, sampling: Sampling) -> None:
         self.model = model
@@ -57,14 +53,13 @@ class _Side:
     def prefill(self, tokens: Sequence[int]) -> None:
         """Empty the cache, then process ``tokens`` (may be empty)."""
         self.model.reset()
-        if tokens:
-            self.model.extend(_tensor(tokens, self.model), num_logits=1)
+        self.model.add_rows([list(tokens)])
 
     def probe(self, keep: int, feed: Sequence[int]) -> None:
         """One forward of ``feed`` (logits for every fed token) after ``keep`` cached tokens,
         for timing ``--gamma auto``; the cache is rolled back afterwards."""
         self.model.rollback(keep)
-        self.model.extend(_tensor(feed, self.model))
+        self.model.extend([list(feed)])
         self.model.rollback(keep)
 
 
@@ -82,14 +77,14 @@ class DraftSide(_Side):
         """
         model, n = self.model, int(uniforms.shape[0])
         model.rollback(keep)
-        logits = model.extend(_tensor(feed, model), num_logits=1)  # [1, V]
+        logits = model.extend([list(feed)], num_logits=1)[0]  # [1, V]
         tokens: list[int] = []
         for i in range(n):
             q = self.sampling.probs(logits[-1], model.name).to(torch.float64)  # [V]
             out[i].copy_(q)
             tokens.append(sample_with_uniform(out[i], float(uniforms[i])))
             if i < n - 1:
-                logits = model.extend(_tensor(tokens[-1:], model), num_logits=1)
+                logits = model.extend([tokens[-1:]], num_logits=1)[0]
         return tokens
 
 
@@ -113,7 +108,7 @@ class TargetSide(_Side):
         """
         model = self.model
         model.rollback(keep)
-        logits = model.extend(_tensor(feed, model), num_logits=rows)  # [rows, V]
+        logits = model.extend([list(feed)], num_logits=rows)[0]  # [rows, V]
         out[:rows].copy_(self.sampling.probs(logits, model.name))
         self._raw = logits
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from verispec.engine.pearl.sides import DraftSide, TargetSide
-from verispec.engine.pearl.timeline import now
+from verispec.methods.pearl.sides import DraftSide, TargetSide
+from verispec.telemetry.timeline import now
 from verispec.models.base import CausalLM
 from verispec.sampling import Sampling
 

@@ -1,0 +1,178 @@
+"""Draft-length policies: how many tokens a request drafts in its next iteration.
+
+A policy sees only the request's past (its own acceptances), never the current draft, so
+the draft length is decided before any token of the block is drawn and every lossless
+verifier stays lossless with it (the tests prove it by exact enumeration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from verispec.checks import check_positive
+from verispec.models.base import CausalLM
+
+__all__ = ["AutoGamma", "FixedGamma", "GammaPolicy", "PassCosts", "best_gamma",
+           "expected_tokens", "measure_costs"]
+
+
+class GammaPolicy(Protocol):
+    """Chooses γ for each iteration of one request."""
+
+    @property
+    def max_gamma(self) -> int:
+        """The longest draft this policy may ask for (0: never drafts)."""
+
+    @property
+    def label(self) -> int | str:
+        """γ as reported in the statistics (an int, or ``"auto"``)."""
+
+    def choose(self) -> int:
+        """γ for the next iteration (the engine caps it by the room left)."""
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """The iteration drafted ``drafted`` tokens and accepted ``accepted`` of them."""
+
+
+class FixedGamma:
+    """The same γ every iteration."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = check_positive("gamma", gamma, minimum=0)
+
+    @property
+    def max_gamma(self) -> int:
+        return self.gamma
+
+    @property
+    def label(self) -> int:
+        return self.gamma
+
+    def choose(self) -> int:
+        return self.gamma
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return str(self.gamma)
+
+
+#: Target pass sizes timed at start-up; costs in between are interpolated linearly.
+PROBE_SIZES = (1, 2, 4, 8, 16)
+#: The prior on the acceptance rate: α₀ with the weight of this many observed positions.
+PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0
+#: After this many iterations at γ = 0, draft one token to keep learning α.
+PROBE_EVERY = 16
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Measured seconds of one target pass over k tokens and of one draft step.
+
+    Attributes:
+        target: k -> seconds, for the k timed (others are interpolated).
+        draft: seconds of one draft forward pass of one token.
+    """
+
+    target: dict[int, float]
+    draft: float
+
+    def target_pass(self, k: int) -> float:
+        """Seconds of a target pass over k tokens (linear between timed sizes)."""
+        ks = sorted(self.target)
+        if k in self.target:
+            return self.target[k]
+        lo = max((x for x in ks if x < k), default=ks[0])
+        hi = min((x for x in ks if x > k), default=ks[-1])
+        if lo == hi:  # beyond the timed range: extend the last slope
+            lo, hi = ks[-2], ks[-1]
+        slope = (self.target[hi] - self.target[lo]) / (hi - lo)
+        return self.target[lo] + slope * (k - lo)
+
+    def v(self, k: int) -> float:
+        """V(k): a target pass over k tokens relative to one token."""
+        return self.target_pass(k) / self.target_pass(1)
+
+    @property
+    def c(self) -> float:
+        """c = target step / draft step."""
+        return self.target_pass(1) / self.draft
+
+    def describe(self) -> str:
+        return (f"target {self.target_pass(1) * 1e3:.1f} ms per token, draft "
+                f"{self.draft * 1e3:.1f} ms (c = {self.c:.2f}); V(k) = "
+                + ", ".join(f"V({k}) {self.v(k):.2f}" for k in sorted(self.target) if k > 1))
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per iteration] with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def best_gamma(alpha: float, costs: PassCosts, max_gamma: int) -> int:
+    """The γ in [0, max_gamma] that maximises expected tokens per second:
+    E[tokens](α, γ) / (γ · t_draft + t_target(γ + 1)); ties go to the shorter draft."""
+    rates = [expected_tokens(alpha, g) / (g * costs.draft + costs.target_pass(g + 1))
+             for g in range(max_gamma + 1)]
+    return max(range(max_gamma + 1), key=lambda g: (rates[g], -g))
+
+
+class AutoGamma:
+    """γ chosen by measurement, per request (``--gamma auto``).
+
+    Each iteration it estimates the request's acceptance rate α from its own past — every
+    accepted draft token is a success and every rejection a failure, with a prior of
+    ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA`` — and drafts the γ that maximises expected
+    tokens per second under the papers' i.i.d. model with the measured costs (V(k) in the
+    denominator). Where speculation does not pay it chooses γ = 0 (plain decoding), drafting
+    one token every ``PROBE_EVERY`` iterations to keep its estimate current. γ depends only
+    on the past, so every lossless verifier stays lossless.
+    """
+
+    def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0) -> None:
+        self.costs = costs
+        self.max_gamma = check_positive("max_gamma", max_gamma)
+        self.min_gamma = min(check_positive("min_gamma", min_gamma, minimum=0), self.max_gamma)
+        self.accepted = 0.0
+        self.tested = 0.0
+        self.idle = 0
+
+    @property
+    def label(self) -> str:
+        return "auto"
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (self.tested + PRIOR_WEIGHT)
+
+    def choose(self) -> int:
+        gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
+        if gamma == 0:
+            self.idle += 1
+            if self.idle >= PROBE_EVERY:
+                self.idle = 0
+                return 1
+        else:
+            self.idle = 0
+        return gamma
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.tested += accepted + (1 if accepted < drafted else 0)
+
+
+def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
+                  reps: int = 3) -> PassCosts:
+    """Time target passes over ``PROBE_SIZES`` tokens and a draft step after ``context``
+    tokens (on spawned models: the callers' rows are untouched)."""
+    from verispec.models.native.timing import pass_costs
+
+    sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
+                  or context + k <= target.max_length)
+    timed = pass_costs(target, context=context, ks=sizes, reps=reps)
+    step = pass_costs(draft, context=context, ks=(1,), reps=reps)[1]
+    return PassCosts(target=dict(timed), draft=step)

@@ -1,0 +1,176 @@
+"""The one engine is exact: its output law, computed by replaying every random decision of
+the real engine (:mod:`verispec.theory.replay`), equals the target's law — for every
+lossless method, for a single prompt and for batches (ragged rows, rows joining as others
+leave), with the model and n-gram drafters and with early-stopped drafts. Negative
+controls: a biased verifier, a model that mixes up rows and the unmodified greedy block
+verification are caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from torch import Tensor
+
+from verispec.api import make_drafter
+from verispec.checks import TOLERANCE
+from verispec.engine.gamma import AutoGamma, PassCosts, best_gamma
+from verispec.engine.loop import Engine
+from verispec.engine.protocols import SingleDraftMethod
+from verispec.engine.request import Request
+from verispec.methods import build_method
+from verispec.models.base import CausalLM
+from verispec.models.toy import RandomContextLM, TableLM
+from verispec.sampling import Randomness, Sampling
+from verispec.theory.exact import target_law, tv_distance
+from verispec.theory.replay import engine_law, marginal
+from verispec.verify import VerifyPlan, token_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LOSSLESS = ["ar", "token", "block", "greedy-block", "multidraft", "lossy[epsilon=0]"]
+#: γ per method: multi-draft paths multiply (M drafts of γ tokens each), so it drafts less.
+GAMMA = {"multidraft": 1}
+
+
+def _runner(target: CausalLM, draft: CausalLM | None, prompts: Sequence[Sequence[int]],
+            method: str, *, gamma: int, budgets: Sequence[int], batch_size: int,
+            sampling: Sampling = Sampling(), drafter: str = "model",
+            draft_stop: float | None = None, method_obj: object | None = None):  # noqa: ANN202
+    m = method_obj if method_obj is not None else build_method(method)
+
+    def run(randoms: Sequence[Randomness]) -> list[list[int]]:
+        maker = None
+        if m.name != "ar":  # type: ignore[attr-defined]
+            maker = make_drafter(target, draft.spawn() if draft is not None else None, m,  # type: ignore[arg-type]
+                                 kind=drafter, draft_stop=draft_stop)
+        engine = Engine(target.spawn(), batch_size=batch_size)
+        reqs = [Request(list(p), m, m.adjust_sampling(sampling), n, r,  # type: ignore[attr-defined]
+                        gamma if maker is not None else 0, maker)
+                for p, n, r in zip(prompts, budgets, randoms, strict=True)]
+        return [o.tokens for o in engine.run(reqs)]
+
+    return run
+
+
+def _assert_equal(got: dict, want: dict) -> None:
+    assert abs(sum(got.values()) - 1) < TOLERANCE * 10
+    assert max(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want)) < TOLERANCE
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+@pytest.mark.parametrize("eos", [None, 2])
+def test_single_prompt_law_is_the_target_law(method: str, eos: int | None) -> None:
+    target = RandomContextLM(3, seed=21, eos_token_id=eos)
+    draft = RandomContextLM(3, seed=22)
+    law = engine_law(_runner(target, draft, [[0, 1]], method, gamma=GAMMA.get(method, 2),
+                             budgets=[3], batch_size=1), rows=1)
+    _assert_equal(marginal(law, 0), target_law(target, [0, 1], Sampling(), 3))
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+@pytest.mark.parametrize("drafter, stop", [("ngram", None), ("model", 0.6)])
+def test_ngram_and_early_stopped_drafts_stay_exact(method: str, drafter: str,
+                                                   stop: float | None) -> None:
+    target = RandomContextLM(3, seed=5)
+    draft = RandomContextLM(3, seed=6)
+    prompt = [0, 1, 0, 2, 0, 1]  # repeats, so the n-gram drafter proposes something
+    law = engine_law(_runner(target, draft, [prompt], method, gamma=3, budgets=[3],
+                             batch_size=1, drafter=drafter, draft_stop=stop), rows=1)
+    _assert_equal(marginal(law, 0), target_law(target, prompt, Sampling(), 3))
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_batched_rows_follow_the_target_independently(method: str) -> None:
+    """Two ragged rows (different prompts, budgets and so draft lengths) in one batch: the
+    joint law of their outputs is the product of the two target laws."""
+    target = RandomContextLM(2, seed=41)
+    draft = RandomContextLM(2, seed=42)
+    prompts, budgets = [[0, 1, 1], [1]], [2, 3]
+    law = engine_law(_runner(target, draft, prompts, method, gamma=GAMMA.get(method, 2),
+                             budgets=budgets, batch_size=2), rows=2)
+    a = target_law(target, prompts[0], Sampling(), budgets[0])
+    b = target_law(target, prompts[1], Sampling(), budgets[1])
+    _assert_equal(law, {(ka, kb): pa * pb for ka, pa in a.items() for kb, pb in b.items()})
+
+
+@pytest.mark.parametrize("method", ["block", "multidraft", "greedy-block"])
+def test_a_row_admitted_into_a_freed_slot_is_exact(method: str) -> None:
+    """Three requests through two slots: the third starts when the first one ends, while the
+    second is still decoding; its law is the target's."""
+    target = RandomContextLM(3, seed=21, eos_token_id=2)
+    draft = RandomContextLM(3, seed=22)
+    prompts, budgets = [[0, 1, 0], [1], [1, 0]], [1, 3, 2]
+    law = engine_law(_runner(target, draft, prompts, method, gamma=2, budgets=budgets,
+                             batch_size=2, sampling=Sampling(temperature=0.8)), rows=3,
+                     replayed=[2])  # the other rows sample with their own generators
+    _assert_equal(marginal(law, 2), target_law(target, prompts[2], Sampling(temperature=0.8), 2))
+
+
+class _TargetResidual(SingleDraftMethod):
+    """A deliberately wrong verifier: token acceptance, but Y ~ p after a rejection."""
+
+    def __init__(self) -> None:
+        def plan(p: Tensor, q: Tensor, x: Tensor, lengths: Tensor | None = None) -> VerifyPlan:
+            good = token_plan(p, q, x, lengths=lengths)
+            return VerifyPlan(good.accept_probs, p, good.rule, good.lengths)
+
+        super().__init__("token", plan)
+
+
+class _CrossedRows(RandomContextLM):
+    """A deliberately broken model: with several rows, row b is scored with row b+1's logits
+    for single-token steps (the kind of bug row bookkeeping can introduce)."""
+
+    def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
+        logits = super()._extend(tokens, num_logits)
+        return logits.roll(1, dims=0) if logits.shape[0] > 1 and num_logits == 1 else logits
+
+
+def test_negative_controls_are_caught() -> None:
+    target, draft = RandomContextLM(3, seed=21), RandomContextLM(3, seed=22)
+    want = target_law(target, [0, 1], Sampling(), 3)
+    wrong = engine_law(_runner(target, draft, [[0, 1]], "token", gamma=2, budgets=[3],
+                               batch_size=1, method_obj=_TargetResidual()), rows=1)
+    assert tv_distance(marginal(wrong, 0), want) > 1e-3
+    biased = engine_law(_runner(target, draft, [[0, 1]], "greedy-block-unmodified", gamma=2,
+                                budgets=[3], batch_size=1), rows=1)
+    assert tv_distance(marginal(biased, 0), want) > 1e-3
+    crossed: TableLM = _CrossedRows(3, seed=21)
+    prompts = [[0, 1, 0], [1]]
+    law = engine_law(_runner(crossed, draft, prompts, "ar", gamma=0, budgets=[3, 3],
+                             batch_size=2), rows=2, replayed=[1])
+    assert tv_distance(marginal(law, 1), target_law(target, prompts[1], Sampling(), 3)) > 1e-3
+
+
+def test_replay_visits_every_path_once() -> None:
+    """The enumeration itself: the probabilities of the paths sum to one, and a method with
+    no randomness at all (greedy) has one path."""
+    target, draft = RandomContextLM(3, seed=1), RandomContextLM(3, seed=2)
+    greedy = engine_law(_runner(target, draft, [[0]], "block", gamma=2, budgets=[4],
+                                batch_size=1, sampling=Sampling(temperature=0)), rows=1)
+    assert len(greedy) == 1 and abs(next(iter(greedy.values())) - 1) < TOLERANCE
+    gen = torch.Generator().manual_seed(0)
+    assert isinstance(Randomness(gen).choose(torch.tensor([[0.5, 0.5]])), Tensor)
+
+
+@pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
+def test_gamma_chosen_by_measurement_stays_exact(method: str) -> None:
+    """``gamma="auto"``: γ follows each request's own acceptance history, so it changes
+    from iteration to iteration (and can be 0); the law is still the target's."""
+    costs = PassCosts(target={1: 1.0, 2: 1.1, 4: 1.25, 8: 1.9, 16: 3.4}, draft=0.35)
+    lo, hi = best_gamma(0.2, costs, 3), best_gamma(0.9, costs, 3)
+    assert lo < hi  # the estimate of α moves γ within the enumerated range
+    target, draft = RandomContextLM(3, seed=21), RandomContextLM(3, seed=22)
+    m = build_method(method)
+
+    def run(randoms: Sequence[Randomness]) -> list[list[int]]:
+        policy = AutoGamma(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0)
+        request = Request([0, 1], m, Sampling(), 4, randoms[0], policy,
+                          make_drafter(target, draft.spawn(), m))
+        return [Engine(target.spawn()).run([request])[0].tokens]
+
+    law = engine_law(run, rows=1)
+    _assert_equal(marginal(law, 0), target_law(target, [0, 1], Sampling(), 4))

@@ -1,0 +1,106 @@
+"""Dependencies point one way: a module imports only from its own layer or below (lazily or
+not), no two modules import each other, and ``import verispec`` stays light.
+
+Layers, bottom up: helpers (checks, sampling, telemetry) → models → drafters and verify →
+engine → methods → theory → api → bench → cli and server.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "verispec"
+
+LAYERS = {
+    "verispec.checks": 0, "verispec.sampling": 0, "verispec.telemetry": 0,
+    "verispec.models": 1,
+    "verispec.drafters": 2, "verispec.verify": 2,
+    "verispec.engine": 3,
+    "verispec.methods": 4,
+    "verispec.theory": 5,
+    "verispec.api": 6,
+    "verispec.bench": 7,
+    "verispec.cli": 8, "verispec.server": 8,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> int | None:
+    for prefix in sorted(LAYERS, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return LAYERS[prefix]
+    return None
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every verispec module imported by each module, at any depth of its code."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("verispec"))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative import
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                    + ([base] if base else []))
+                if base.startswith("verispec"):
+                    found.add(base)
+        graph[name] = found
+    return graph
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = [m for m in _imports() if m != "verispec" and _layer(m) is None]
+    assert not missing, f"modules outside every layer: {missing}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    upward = []
+    for module, targets in _imports().items():
+        own = _layer(module)
+        if own is None:  # the package itself exports the API
+            continue
+        for target in targets:
+            layer = _layer(target)
+            if layer is not None and layer > own:
+                upward.append(f"{module} (layer {own}) imports {target} (layer {layer})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_two_modules_import_each_other() -> None:
+    graph = _imports()
+    pairs = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets
+                    if b != a and a in graph.get(b, set())})
+    assert not pairs, f"mutual imports: {pairs}"
+
+
+def test_the_layer_walk_catches_an_upward_import(tmp_path: Path) -> None:
+    """Negative control: an engine module importing the api is reported."""
+    assert _layer("verispec.engine.loop") == 3 and _layer("verispec.api") == 6
+    assert _layer("verispec.engine.loop") < _layer("verispec.api")  # type: ignore[operator]
+    tree = ast.parse("def f():\n    from verispec.api import generate\n")
+    found = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert found == ["verispec.api"]
+
+
+@pytest.mark.parametrize("heavy", ["verispec.methods.pearl.coordinator", "verispec.theory",
+                                   "verispec.models.toy", "transformers", "verispec.bench"])
+def test_import_verispec_is_light(heavy: str) -> None:
+    code = f"import sys, verispec; print({heavy!r} in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", f"import verispec loads {heavy}"
