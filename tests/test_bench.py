@@ -462,10 +462,11 @@ def test_cli_bench_with_legacy_aliases(tmp_path: Path, toy_suite: Path):
     summary = json.loads((tmp_path / "s.json").read_text())
     assert {r["method"] for r in summary["rows"]} == {"ar", "token", "block"}
     assert {r["gamma"] for r in summary["rows"] if r["method"] == "block"} == {2, "auto"}
-    assert "| block | auto |" in out  # γ = auto: the method's default, named as such
+    assert "| block | auto |" in out  # γ = auto: chosen by measurement, named as such
     assert summary["meta"]["prompts_per_category"] == {"alpha": 1, "beta": 1}
     meta = summary["meta"]
-    assert meta["precision_note"] == "target float64, draft float64" and "dtype_note" not in meta
+    assert meta["precision_note"] == "target float64, draft float64"
+    assert meta["dtype_note"] == meta["precision_note"]  # the older field keeps its name
     precisions = (meta["precision"], meta["target_precision"], meta["draft_precision"])
     assert precisions == ("auto", None, None)
     code, _, err = run_cli("bench", *TOY, "--methods", "nope", "--out", str(tmp_path / "x"))

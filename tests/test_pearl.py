@@ -434,8 +434,8 @@ def test_cli_pearl_json_and_timeline_match_the_reference(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "token", "--gamma", "auto"], "gamma must be an integer for token"),
-    (["--verifier", "token", "--gamma", "auto"], "gamma must be an integer for token"),
+    (["--method", "ar", "--gamma", "auto"], "gamma must be an integer for ar"),
+    (["--verifier", "mjgd", "--gamma", "auto"], "gamma must be an integer for mjgd"),
     (["--method", "token[verifier=block]"], "does not take the option(s) verifier"),
     (["--verifier", "block", "--timeline", "x.png"], "--timeline needs --method pearl"),
     (["--method", "pearl[verifier=multidraft]"], "token or block"),
@@ -452,11 +452,14 @@ def test_cli_rejects_bad_pearl_options(argv: list[str], message: str,
     assert code == 2 and message in err
 
 
-def test_api_gamma_auto_is_pearl_only() -> None:
+def test_api_gamma_auto_needs_a_draft_and_pearl_options_are_checked() -> None:
     import verispec
 
-    with pytest.raises(ValueError, match="gamma must be an integer for token"):
-        verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", method="token", gamma="auto")
+    with pytest.raises(ValueError, match="gamma must be an integer for ar"):
+        verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", method="ar", gamma="auto")
+    with pytest.raises(ValueError, match="n-gram drafter has none"):
+        verispec.generate("toy:random:5:1", "toy:random:5:2", "ABAB", method="token",
+                          gamma="auto", drafter="ngram")
     with pytest.raises(ValueError, match="only pearl takes a verifier"):
         verispec.generate("toy:random:5:1", "toy:random:5:2", "AB", method="token",
                           verifier="block")

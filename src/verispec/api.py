@@ -192,7 +192,10 @@ def _check_gamma(info: MethodInfo, gamma: int | str | None) -> int | str:
             raise ValueError(f"gamma must be an integer{' or auto' if takes_auto else ''} "
                              f"for {info.name}, got {gamma!r}")
         return gamma
-    check_positive(f"gamma for {info.name}", gamma, minimum=1 if info.uses_draft else 0)
+    try:
+        check_positive("gamma", gamma, minimum=1 if info.uses_draft else 0)
+    except ValueError as exc:
+        raise ValueError(f"{exc} ({info.name})") from None
     return gamma if info.uses_draft or info.runner is not None else 0
 
 

@@ -1,5 +1,5 @@
-"""The ``verispec`` command line: ``generate``, ``demo``, ``models``, ``bench``, ``audit``
-and ``theory``."""
+"""The ``verispec`` command line: ``generate``, ``demo``, ``models``, ``bench``, ``audit``,
+``theory`` and ``serve``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from verispec.methods import METHODS
-from verispec.models.loading import PRECISIONS
+from verispec.models.options import add_model_args
 
 __all__ = ["build_parser", "main"]
 
@@ -27,24 +27,6 @@ def _methods_help() -> str:
             lines.append(f"  {'':<{width}}  options: "
                          + ", ".join(f"{k}={v}" for k, v in opts.items()))
     return "\n".join(lines)
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """``--target``, ``--draft`` and the precision knobs."""
-    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
-
-    p.add_argument("--target", default=DEFAULT_TARGET,
-                   help=f"target model: embedded name, local dir, hub id or toy spec "
-                        f"(default {DEFAULT_TARGET})")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="numeric format of both models; auto picks int8 on an x86 CPU with "
-                        "VNNI, bfloat16 on a GPU or a CPU with native bf16, float32 otherwise "
-                        "(the choice is printed)")
-    p.add_argument("--target-precision", choices=PRECISIONS, default=None,
-                   help="override --precision for the target")
-    p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="override --precision for the draft")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -131,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.theory.cli import add_commands as add_theory_commands
 
     add_theory_commands(sub)  # ``audit`` and ``theory``
+    from verispec.server.cli import add_command as add_serve_command
+
+    add_serve_command(sub)  # ``serve``
     return parser
 
 
@@ -314,6 +299,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
             from verispec.theory.cli import run as run_theory
 
             return run_theory(args, out, err)
+        if args.command == "serve":
+            from verispec.server.cli import run as run_serve
+
+            return run_serve(args, out, err)
         from verispec.bench import run as bench_run
 
         if args.command == "demo":

@@ -8,8 +8,9 @@ spec) names the method in every report.
 
 Methods that do not draft (``ar``, ``hf-ar``, ``hf-assisted-default``, whose drafting is
 transformers' own heuristic) run once per temperature with γ recorded as 0 (``ar``, ``hf-ar``)
-or ``None``; every other method runs at each γ of the grid. γ may be ``auto``: the method's
-own default (``None`` is passed to the method).
+or ``None``; every other method runs at each γ of the grid. γ may be ``auto`` (``None`` in
+the grid): verispec's methods then choose γ by measurement (PEARL: its window from c), and
+peers, whose γ is a fixed number, skip it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class MethodSpec:
             return PEERS[self.name][1]
         info = METHODS[self.name]
         return info.uses_draft or info.runner is not None
+
+    @property
+    def takes_auto(self) -> bool:
+        """γ may be ``auto``: every verispec method that drafts (not a peer)."""
+        return not self.is_peer and self.uses_gamma
 
     @property
     def uses_draft(self) -> bool:
@@ -182,7 +188,7 @@ def expand_grid(methods: list[MethodSpec], temperatures: list[float],
     for t in temperatures:
         for m in methods:
             if m.uses_gamma:
-                gs: list[int | None] = list(gammas)
+                gs: list[int | None] = [g for g in gammas if g is not None or m.takes_auto]
             else:
                 gs = [0 if m.name in ("ar", "hf-ar") else None]
             for g in gs:

@@ -19,7 +19,7 @@ import torch
 
 from verispec.models.base import CausalLM
 
-__all__ = ["MemoryMeter", "derive_seed", "rss_bytes", "score_nll"]
+__all__ = ["MemoryMeter", "derive_seed", "rescore", "rss_bytes", "score_nll"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -92,20 +92,27 @@ def derive_seed(seed: int, repeat: int, prompt_id: str) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def score_nll(target: CausalLM, prompt: Sequence[int], output: Sequence[int]) -> float:
+def rescore(target: CausalLM, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
+    """The target's raw logits [n, V] of each of the n output tokens, in one pass (the
+    target's cache is reset before and after)."""
+    target.reset()
+    target.add_rows([list(prompt[:-1])])
+    try:
+        return target.extend([[prompt[-1], *output[:-1]]])[0]  # [n, V]
+    finally:
+        target.reset()
+
+
+def score_nll(target: CausalLM, prompt: Sequence[int], output: Sequence[int],
+              logits: torch.Tensor | None = None) -> float:
     """Σ −log p(output_i | prompt, output_<i) under the *unwarped* target, in one pass.
 
-    Used for outputs of systems that do not report it (the transformers peers). Resets the
-    target's cache before and after.
+    Used for outputs of systems that do not report it (the peers); ``logits`` from
+    :func:`rescore` may be given to save the pass.
     """
     if not output:
         return 0.0
-    target.reset()
-    target.add_rows([[]])
-    try:
-        logits = target.extend([[*prompt, *output]], num_logits=len(output) + 1)[0]  # [n+1, V]
-        logp = torch.log_softmax(logits[:-1].double(), dim=-1)  # [n, V] float64
-        picked = logp.gather(-1, torch.tensor(list(output), device=logp.device)[:, None])
-        return -float(picked.sum())
-    finally:
-        target.reset()
+    logits = rescore(target, prompt, output) if logits is None else logits
+    logp = torch.log_softmax(logits.double(), dim=-1)  # [n, V] float64
+    picked = logp.gather(-1, torch.tensor(list(output), device=logp.device)[:, None])
+    return -float(picked.sum())

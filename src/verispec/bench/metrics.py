@@ -27,6 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from verispec.bench.lawcheck import law_check
+
 __all__ = [
     "ALL",
     "group_key",
@@ -227,6 +229,12 @@ def _summarize_group(key: tuple[Any, ...], rows: list[Row],
     out["energy_j_per_token"] = _ratio(sum(energies), tokens) if known else None  # type: ignore[arg-type]
     out["energy_source"] = first.get("energy_source", "unavailable")
     out["identical_to_ar"] = _identical(rows, ar)
+    checked = [r for r in rows if r.get("law_pits") is not None]
+    if checked:
+        check = law_check(_sum(checked, "law_z_sum"), _sum(checked, "law_v_sum"),
+                          [u for r in checked for u in r["law_pits"]])
+        out.update(law_tokens=check.tokens, law_z=check.z, law_ks_pvalue=check.ks_pvalue,
+                   law_excess_nll=check.excess_nll, law_flagged=check.flagged)
     return out
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from verispec.bench.energy import EnergyMeter
-from verispec.engine.loop import now
+from verispec.telemetry.energy import EnergyMeter
+from verispec.telemetry.clock import now
 from verispec.models.base import CausalLM
 
 __all__ = ["PeerResult", "run_peer"]
@@ -117,7 +117,18 @@ def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequen
         "pad_token_id": pad if pad is not None else (eos[0] if eos else 0),
     }
     if temperature > 0:  # pure temperature sampling, like Sampling(temperature=T)
-        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        # The temperature goes in as an explicit warper, with the config's temperature left at
+        # 1: in assisted generation transformers hands the target's processors (its
+        # TemperatureLogitsWarper included) to the assistant's ``generate``, which appends a
+        # second one built from the same config, so ``temperature=T`` would make the assistant
+        # draft at T² (still lossless, since q is what it sampled from, but not what verispec's
+        # drafts use; on the embedded pair it costs little acceptance below T = 1 and much
+        # above it). Passed this way, T is applied once to the target and once to the
+        # assistant; hf-ar's processors, and so its outputs, are unchanged.
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+        kwargs.update(temperature=1.0, top_k=0, top_p=1.0,
+                      logits_processor=LogitsProcessorList([TemperatureLogitsWarper(temperature)]))
     draft_module = None
     if name != "hf-ar":
         if draft is None:

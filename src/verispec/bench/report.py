@@ -63,6 +63,24 @@ def _speedup(row: Row) -> str:
     return f"{s:.2f}× [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{s:.2f}×"
 
 
+def _name(row: Row) -> str:
+    """The method's label, marked when it is lossy or its output failed the law check."""
+    name = row["method"] + ("" if row["lossless"] else " (lossy)")
+    return name + (" ⚠ law check failed" if row.get("law_flagged") else "")
+
+
+def _law_table(rows: list[Row]) -> list[str]:
+    """T > 0: does each method's output follow the target's law? (:mod:`.lawcheck`)"""
+    body = [[_name(r), _gamma(r), str(r["law_tokens"]), _f(r["law_z"]),
+             f"{r['law_ks_pvalue']:.3g}", _f(r["law_excess_nll"], 4)]
+            for r in rows if r.get("law_tokens")]
+    if not body:
+        return []
+    return ["Output law against the target's (Z ~ N(0, 1) and KS p uniform for an exact sampler;"
+            " flagged when |Z| > 3.3 or KS p < 1e-3):", ""] + _table(
+        ["method", "γ", "tokens", "Z", "KS p", "excess NLL/token"], body)
+
+
 def _main_table(rows: list[Row]) -> list[str]:
     header = ["method", "γ", "block eff.", "mean τ", "tok/s", "speed-up vs ar [95% CI]",
               "target calls/tok", "draft calls/tok", "scored/tok", "perplexity",
@@ -70,7 +88,7 @@ def _main_table(rows: list[Row]) -> list[str]:
     body = []
     for r in rows:
         body.append([
-            r["method"] + ("" if r["lossless"] else " (lossy)"), _gamma(r),
+            _name(r), _gamma(r),
             _pm(r["block_efficiency"], r["block_efficiency_std"]),
             _pm(r["mean_accepted"], r["mean_accepted_std"]),
             _pm(r["tokens_per_s"], r["tokens_per_s_std"]), _speedup(r),
@@ -255,6 +273,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += ["### Speed, energy and quality (perplexity under the target)", ""]
         lines += _quality(trows)
         lines += _extras(trows, t)
+        lines += _law_table([r for r in trows if r["category"] == ALL])
         batched = [r for r in rows if r["temperature"] == t and r["category"] == ALL]
         if any(r["batch_size"] > 1 for r in batched):
             lines += ["### Batched decoding (throughput of the whole batch)", ""]

@@ -31,7 +31,8 @@ import torch
 
 from verispec.api import generate_batch
 from verispec.bench.grid import Config, expand_grid, parse_method
-from verispec.bench.measure import MemoryMeter, derive_seed, score_nll
+from verispec.bench.lawcheck import token_terms
+from verispec.bench.measure import MemoryMeter, derive_seed, rescore, score_nll
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import run_peer
 from verispec.bench.progress import Progress
@@ -88,6 +89,11 @@ class BenchSettings:
                 "target_precision": self.target_precision, "draft_precision": self.draft_precision,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "drafter": self.drafter, "chat_template": self.chat_template}
+
+
+def _gamma(c: Config) -> int | str | None:
+    """The γ a config runs with: ``auto`` is the method's own measured choice."""
+    return "auto" if c.gamma is None and c.method.uses_gamma else c.gamma
 
 
 def _stats_fields(stats: dict[str, Any]) -> Row:
@@ -177,7 +183,7 @@ class _Runner:
 
         with MemoryMeter(self.target.device) as mem:
             result = generate(
-                self.target, self.draft, ids, method=c.method.name, gamma=c.gamma,
+                self.target, self.draft, ids, method=c.method.name, gamma=_gamma(c),
                 temperature=c.temperature, seed=seed, max_new_tokens=max_new,
                 drafter=self.s.drafter, **c.method.option_dict())
         return result, mem.peak_mb, mem.source
@@ -228,19 +234,37 @@ class _Runner:
                 "call_seconds": peer.seconds, "target_calls": peer.target_calls,
                 "prefill_calls": 0, "draft_calls": peer.draft_calls,
                 "target_tokens_scored": peer.target_positions,
-                "nll_sum": score_nll(self.target, ids, peer.tokens),
                 "bias_tv_sum": 0.0, "energy_joules": peer.energy_joules,
                 "energy_source": peer.energy_source, "output": peer.tokens,
             })
+            if peer.notes:
+                row["notes"] = peer.notes
         else:
             result, peak, source = self._ours(c, ids, seed, self.s.max_new_tokens)
             row.update(_stats_fields(result.stats.to_dict()))
             row["output"] = list(result.tokens)
         row["peak_memory_mb"], row["memory_source"] = peak, source
+        self._check_law(row, ids, seed, c.temperature, rescore_nll=c.method.is_peer)
         return [row]
 
+    def _check_law(self, row: Row, ids: list[int], seed: int, temperature: float,
+                   rescore_nll: bool) -> None:
+        """Re-score the output once: the NLL (for peers) and the law check (T > 0)."""
+        out = row["output"]
+        if not out or (temperature == 0 and not rescore_nll):
+            if rescore_nll:
+                row["nll_sum"] = 0.0
+            return
+        logits = rescore(self.target, ids, out)  # [n, V]
+        if rescore_nll:
+            row["nll_sum"] = score_nll(self.target, ids, out, logits)
+        if temperature > 0:
+            gen = torch.Generator().manual_seed(seed)
+            row["law_z_sum"], row["law_v_sum"], row["law_pits"] = token_terms(
+                logits, out, temperature, gen)
+
     def _batch_kwargs(self, c: Config, seeds: list[int], max_new: int) -> dict[str, Any]:
-        return {"method": c.method.name, "gamma": c.gamma, "temperature": c.temperature,
+        return {"method": c.method.name, "gamma": _gamma(c), "temperature": c.temperature,
                 "seeds": seeds, "max_new_tokens": max_new, "batch_size": c.batch_size,
                 "drafter": self.s.drafter, **c.method.option_dict()}
 
@@ -267,6 +291,7 @@ class _Runner:
                         "energy_source": out.stats.energy_source,
                         "output": list(result.tokens), "peak_memory_mb": mem.peak_mb,
                         "memory_source": mem.source})
+            self._check_law(row, self.encoded[i], seed, c.temperature, rescore_nll=False)
             rows.append(row)
         return rows
 
@@ -353,13 +378,13 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
             progress.step(f"{c.method.label} T={c.temperature:g} γ={c.gamma_text} "
                           f"{prompts[unit.prompts[0]].id} r{unit.repeat}")
     ordered = [done[k] for u in units for k in u.row_keys(prompts)]
+    precision = f"target {target.precision}" + (f", draft {draft.precision}" if draft else "")
     counts: dict[str, int] = {}
     for p in prompts:
         counts[p.category] = counts.get(p.category, 0) + 1
     meta = {
         **s.meta(*names),
-        "precision_note": f"target {target.precision}"
-                          + (f", draft {draft.precision}" if draft is not None else ""),
+        "precision_note": precision, "dtype_note": precision,  # dtype_note: the older name
         "device": str(target.device),
         "threads": torch.get_num_threads(), "suites": list(s.suites),
         "prompts_per_category": counts, "repeats": s.repeats,

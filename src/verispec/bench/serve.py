@@ -1,0 +1,342 @@
+"""Load benchmark of ``verispec serve``: N concurrent streaming clients on loopback.
+
+For every method (``ar``, ``token``, ``block`` by default) and every concurrency (1, 2, 4,
+8) the benchmark sends the suite's prompts (HumanEval and/or Spec-Bench JSONL, see
+:mod:`verispec.bench.suites`) through ``concurrency`` clients at once, each request
+streamed, and measures:
+
+* throughput: completion tokens of the cell / its wall time (tokens/s);
+* time to first token (send → first text chunk) and time per output token ((last chunk −
+  first chunk) / (tokens − 1)), p50 and p99 over the cell's requests;
+* block efficiency (mean over requests, from the ``speculative`` extension).
+
+The method is chosen per request (``"speculative": {"method": ...}``) so one server serves
+every cell. Without ``--url`` the benchmark starts ``python -m verispec.server`` on
+127.0.0.1 with a free port and ``--max-batch`` = the largest concurrency, and stops it with
+SIGTERM at the end. Output: a markdown table on stdout and the JSON in ``--out``.
+
+Run: ``python -m verispec.bench.serve --methods ar,token,block --concurrency 1,2,4,8``
+(needs ``pip install 'verispec[serve,bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from verispec.models.options import add_model_args
+
+__all__ = ["Cell", "Sample", "build_parser", "main", "render_table", "run_benchmark", "summarize"]
+
+START_TIMEOUT_S = 900.0  # loading the real pair may fetch and convert it first
+
+
+@dataclass
+class Sample:
+    """One streamed request: its timings and tokens (``error`` set if it failed)."""
+
+    prompt_id: str
+    tokens: int = 0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_s: float = 0.0
+    block_efficiency: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Cell:
+    """One (method, concurrency) cell of the benchmark."""
+
+    method: str
+    concurrency: int
+    requests: int
+    errors: int
+    tokens: int
+    wall_s: float
+    throughput_tok_s: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    block_efficiency: float | None
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    """A prompt as the benchmark sends it: chat messages or completion text."""
+
+    id: str
+    text: str
+    chat: bool
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verispec.bench.serve",
+                                description=__doc__.split("\n\n")[0])
+    add_model_args(p)
+    p.add_argument("--url", default=None,
+                   help="benchmark a running server (http://127.0.0.1:PORT) instead of "
+                        "starting one; its model id is read from /v1/models")
+    p.add_argument("--methods", default="ar,token,block",
+                   help="comma-separated methods (default: %(default)s)")
+    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8],
+                   help="comma-separated numbers of concurrent clients (default 1,2,4,8)")
+    p.add_argument("--suite", default="humaneval",
+                   help="humaneval and/or JSONL files (Spec-Bench or {\"prompt\": ...}), "
+                        "comma-separated (default: %(default)s)")
+    p.add_argument("--num-prompts", type=int, default=16,
+                   help="the first N prompts of each category (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=64, help="budget per request")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--gamma", default=None,
+                   help="γ for the speculative methods (default: the server's / the method's)")
+    p.add_argument("--seed", type=int, default=0, help="request i gets seed SEED + i")
+    p.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
+                   help="send Spec-Bench turns to /v1/chat/completions (auto: if the model "
+                        "has a chat template)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the untimed warm-up request of each method")
+    p.add_argument("--out", default="serve-bench.json", help="the JSON report")
+    return p
+
+
+# -- the server -----------------------------------------------------------------------------
+
+@contextmanager
+def _server(args: argparse.Namespace, max_batch: int) -> Iterator[str]:
+    """The URL of a server: ``--url``, or a subprocess started here and stopped after."""
+    if args.url:
+        yield args.url.rstrip("/")
+        return
+    argv = [sys.executable, "-m", "verispec.server", "--target", args.target,
+            "--draft", args.draft, "--precision", args.precision, "--host", "127.0.0.1",
+            "--port", "0", "--max-batch", str(max_batch), "--max-queue", str(4 * max_batch),
+            "--log-level", "warning", "--shutdown-timeout", "10"]
+    for flag in ("target_precision", "draft_precision"):
+        if getattr(args, flag):
+            argv += ["--" + flag.replace("_", "-"), getattr(args, flag)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    timer = threading.Timer(START_TIMEOUT_S, proc.kill)
+    timer.start()
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        timer.cancel()
+        if " on http://" not in line:
+            raise RuntimeError(f"the server did not start (exit status {proc.wait(60)})")
+        yield line.split(" on ", 1)[1].split()[0]
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
+# -- the clients ----------------------------------------------------------------------------
+
+def _extension(method: str, gamma: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"method": method}
+    if gamma is not None and method != "ar":
+        spec["gamma"] = gamma if gamma == "auto" else int(gamma)
+    return {"speculative": spec}
+
+
+async def _one(client: Any, model: str, job: Job, seed: int, method: str,
+               args: argparse.Namespace) -> Sample:
+    """Send one streamed request and time it."""
+    sample = Sample(job.id)
+    common = dict(model=model, max_tokens=args.max_tokens, temperature=args.temperature,
+                  seed=seed, stream=True, extra_body=_extension(method, args.gamma))
+    start = time.perf_counter()
+    first = last = None
+    try:
+        if job.chat:
+            stream = await client.chat.completions.create(
+                messages=[{"role": "user", "content": job.text}], **common)
+        else:
+            stream = await client.completions.create(prompt=job.text, **common)
+        async for chunk in stream:
+            now = time.perf_counter()
+            choice = chunk.choices[0] if chunk.choices else None
+            text = (choice.delta.content if job.chat else choice.text) if choice else None
+            if text:
+                first = now if first is None else first
+                last = now
+            if choice is not None and choice.finish_reason is not None:
+                sample.tokens = chunk.usage.completion_tokens if chunk.usage else 0
+                ext = (chunk.model_extra or {}).get("speculative") or {}
+                sample.block_efficiency = ext.get("block_efficiency")
+    except Exception as exc:  # a failed request is counted, not fatal
+        sample.error = f"{type(exc).__name__}: {exc}"
+    sample.latency_s = time.perf_counter() - start
+    if first is not None:
+        sample.ttft_s = first - start
+        if sample.tokens > 1 and last is not None:
+            sample.tpot_s = (last - first) / (sample.tokens - 1)
+    return sample
+
+
+async def _cell(client: Any, model: str, jobs: list[Job], method: str, concurrency: int,
+                args: argparse.Namespace) -> Cell:
+    """All jobs through ``concurrency`` concurrent clients."""
+    todo: asyncio.Queue[tuple[int, Job]] = asyncio.Queue()
+    for item in enumerate(jobs):
+        todo.put_nowait(item)
+    samples: list[Sample] = []
+
+    async def worker() -> None:
+        while not todo.empty():
+            i, job = todo.get_nowait()
+            samples.append(await _one(client, model, job, args.seed + i, method, args))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return summarize(method, concurrency, samples, time.perf_counter() - start)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(method: str, concurrency: int, samples: list[Sample], wall_s: float) -> Cell:
+    """A cell's figures from its samples."""
+    ok = [s for s in samples if s.error is None]
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    tpot = [s.tpot_s for s in ok if s.tpot_s is not None]
+    effs = [s.block_efficiency for s in ok if s.block_efficiency is not None]
+    tokens = sum(s.tokens for s in ok)
+    return Cell(method, concurrency, len(samples), len(samples) - len(ok), tokens, wall_s,
+                tokens / wall_s if wall_s > 0 else 0.0, _pct(ttft, 50), _pct(ttft, 99),
+                _pct(tpot, 50), _pct(tpot, 99), float(np.mean(effs)) if effs else None, samples)
+
+
+async def _model_id(client: Any) -> str:
+    models = await client.models.list()
+    return str(models.data[0].id)
+
+
+async def _chat_supported(client: Any, model: str, text: str) -> bool:
+    """Whether the server's model has a chat template (one probe request)."""
+    import openai
+
+    try:
+        await client.chat.completions.create(model=model, max_tokens=1, messages=[
+            {"role": "user", "content": text}])
+    except openai.BadRequestError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        return body.get("code") != "no_chat_template"
+    return True
+
+
+async def run_benchmark(url: str, jobs: list[Job], args: argparse.Namespace) -> list[Cell]:
+    """Every method × concurrency cell against the server at ``url``."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                                timeout=3600.0)
+    try:
+        model = await _model_id(client)
+        chats = [j for j in jobs if j.chat]
+        if chats and args.chat_template != "on" and (
+                args.chat_template == "off"
+                or not await _chat_supported(client, model, chats[0].text)):
+            jobs = [Job(j.id, j.text, False) for j in jobs]
+        cells = []
+        for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+            if args.warmup:
+                await _one(client, model, jobs[0], args.seed, method, args)
+            for concurrency in args.concurrency:
+                cell = await _cell(client, model, jobs, method, concurrency, args)
+                print(f"  {method} x{concurrency}: {cell.throughput_tok_s:.1f} tok/s"
+                      f"{f', {cell.errors} errors' if cell.errors else ''}",
+                      file=sys.stderr, flush=True)
+                cells.append(cell)
+        return cells
+    finally:
+        await client.close()
+
+
+# -- report ---------------------------------------------------------------------------------
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.1f}"
+
+
+def render_table(cells: Sequence[Cell]) -> str:
+    """The markdown table of the cells."""
+    head = ["method", "clients", "requests", "errors", "tokens", "tok/s", "TTFT p50 ms",
+            "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "block eff."]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cells:
+        eff = "—" if c.block_efficiency is None else f"{c.block_efficiency:.2f}"
+        row = [c.method, str(c.concurrency), str(c.requests), str(c.errors), str(c.tokens),
+               f"{c.throughput_tok_s:.1f}", _ms(c.ttft_p50_s), _ms(c.ttft_p99_s),
+               _ms(c.tpot_p50_s), _ms(c.tpot_p99_s), eff]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _jobs(args: argparse.Namespace) -> list[Job]:
+    from verispec.bench.suites import load_suites
+
+    specs = [s.strip() for s in args.suite.split(",") if s.strip()]
+    return [Job(p.id, p.text, p.chat) for p in load_suites(specs, args.num_prompts)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verispec.bench.serve``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.max_tokens < 1 or args.num_prompts < 1:
+        print("error: --max-tokens and --num-prompts must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        jobs = _jobs(args)
+        with _server(args, max(args.concurrency)) as url:
+            print(f"benchmarking {url}: {len(jobs)} prompts, methods {args.methods}, "
+                  f"clients {args.concurrency}", file=sys.stderr, flush=True)
+            cells = asyncio.run(run_benchmark(url, jobs, args))
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    table = render_table(cells)
+    print(table)
+    report = {"config": {k: v for k, v in vars(args).items()}, "prompts": len(jobs),
+              "cells": [asdict(c) for c in cells], "markdown": table}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"written {args.out}", file=sys.stderr)
+    return 0 if all(c.errors == 0 for c in cells) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

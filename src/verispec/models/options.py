@@ -1,0 +1,26 @@
+"""The model options every command shares: ``--target``, ``--draft`` and the precisions."""
+
+from __future__ import annotations
+
+import argparse
+
+from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.models.loading import PRECISIONS
+
+__all__ = ["add_model_args"]
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--target``, ``--draft``, ``--precision`` and the per-model precision overrides."""
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help=f"target model: embedded name, local dir, hub id or toy spec "
+                        f"(default {DEFAULT_TARGET})")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="numeric format of both models; auto picks int8 on an x86 CPU with "
+                        "VNNI, bfloat16 on a GPU or a CPU with native bf16, float32 otherwise "
+                        "(the choice is printed)")
+    p.add_argument("--target-precision", choices=PRECISIONS, default=None,
+                   help="override --precision for the target")
+    p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
+                   help="override --precision for the draft")
