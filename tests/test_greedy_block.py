@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -280,13 +279,6 @@ def test_older_layers_matter(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------- the real engine
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: intra-op threads only add contention on a shared machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 RUNS = 2000

@@ -94,25 +94,15 @@ def load_pair(target: str | CausalLM, draft: str | CausalLM | None, *, needs_dra
               progress: Callable[[str], None] | None = None) -> Pair:
     """Load (or pass through) the target and, if ``needs_draft``, the draft."""
     if isinstance(target, str):
-        target = _load(target, precision, progress)
+        target = load_model(target, precision=precision, progress=progress)
     if not needs_draft:
         return Pair(target, None)
     if draft is None:
         raise ValueError("this method drafts with a draft model; give one")
     if isinstance(draft, str):
-        draft = _load(draft, draft_precision or precision, progress)
+        draft = load_model(draft, precision=draft_precision or precision, progress=progress)
     check_compatible(target, draft)
     return Pair(target, draft)
-
-
-def _load(spec: str, precision: str, progress: Callable[[str], None] | None) -> CausalLM:
-    import inspect  # TEMPORARY until models.loading takes precision=
-
-    if "precision" in inspect.signature(load_model).parameters:
-        return load_model(spec, precision=precision, progress=progress)  # type: ignore[call-arg]
-    if precision == "int8":
-        return load_model(spec, dtype="float32", quantize="int8", progress=progress)  # type: ignore[call-arg]
-    return load_model(spec, dtype=precision, progress=progress)  # type: ignore[call-arg]
 
 
 def make_drafter(target: CausalLM, draft: CausalLM | None, method: Method, *,
@@ -176,8 +166,9 @@ def _plan(target: str | CausalLM, draft: str | CausalLM | None, method: str,
     pair = load_pair(target, draft, needs_draft=needs_draft, precision=precision,
                      draft_precision=draft_precision, progress=progress)
     maker = None
-    if info.runner is None and info.uses_draft:
-        maker = make_drafter(pair.target, pair.draft, built, kind=drafter, draft_stop=draft_stop)
+    if info.runner is None and info.uses_draft:  # on a fresh cache: the caller's rows stay
+        draft_model = pair.draft.spawn() if pair.draft is not None else None
+        maker = make_drafter(pair.target, draft_model, built, kind=drafter, draft_stop=draft_stop)
     elif draft_stop is not None:
         raise ValueError(f"draft_stop works with {', '.join(DRAFT_STOP_METHODS)}, not {info.name}")
     return _Plan(info, built, built.adjust_sampling(sampling), gamma, pair, maker)
@@ -282,7 +273,7 @@ def generate(
         else:
             request = Request(ids, plan.method, plan.sampling, max_new_tokens, random,
                               _policy(plan), plan.drafter, on_tokens)
-            engine = Engine(tgt)
+            engine = Engine(tgt.spawn())  # a fresh cache over the same weights
             out = engine.run([request])[0]
             out.stats.target_passes = engine.passes
     out.stats.energy_joules, out.stats.energy_source = meter.joules, meter.source
@@ -344,7 +335,7 @@ def generate_batch(
         raise ValueError(f"{plan.info.name} runs by a schedule of its own and cannot share a "
                          "batch; use generate() for each prompt")
     tgt = plan.pair.target
-    engine = Engine(tgt, batch_size=len(prompts) if batch_size is None else batch_size)
+    engine = Engine(tgt.spawn(), batch_size=len(prompts) if batch_size is None else batch_size)
     requests = []
     for i, (p, s, n) in enumerate(zip(prompts, seeds, budgets, strict=True)):
         callback = None if on_tokens is None else _indexed(on_tokens, i)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from verispec.methods import METHODS
+from verispec.checks import parse_gamma
 from verispec.models.options import add_model_args
 
 __all__ = ["build_parser", "main"]
@@ -39,7 +40,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-stop", type=float, default=None, metavar="P",
                    help="token/block with the model drafter: end a draft early where the draft "
                         "model's own top probability (at T=1) is below P; still lossless")
-    p.add_argument("--gamma", type=_gamma_arg, default=None,
+    p.add_argument("--gamma", type=parse_gamma, default=None,
                    help="draft length γ (default: 8; 4 for mjsd/mjgd); pearl: the window, "
                         "'auto' (its default) measures c = T(target)/T(draft) and uses round(c)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
@@ -51,15 +52,6 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="wrap the prompt in the target's chat template (instruct models)")
     p.add_argument("--timeline", default=None, metavar="OUT.png",
                    help="pearl: draw each model's busy/idle timeline as a PNG")
-
-
-def _gamma_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

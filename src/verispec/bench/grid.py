@@ -40,6 +40,8 @@ PEERS: dict[str, tuple[bool, bool]] = {
     "hf-ar": (False, False),
     "hf-assisted": (True, True),
     "hf-assisted-default": (True, False),
+    "llamacpp-ar": (False, False),
+    "llamacpp-spec": (True, True),
 }
 
 
@@ -190,7 +192,7 @@ def expand_grid(methods: list[MethodSpec], temperatures: list[float],
             if m.uses_gamma:
                 gs: list[int | None] = [g for g in gammas if g is not None or m.takes_auto]
             else:
-                gs = [0 if m.name in ("ar", "hf-ar") else None]
+                gs = [0 if m.name in ("ar", "hf-ar", "llamacpp-ar") else None]
             for g in gs:
                 for b in batch_sizes:
                     configs.append(Config(m, t, g, b))

@@ -9,9 +9,16 @@ __all__ = ["BENCH_EPILOG", "add_bench_arguments"]
 
 BENCH_EPILOG = """\
 Every method in the registry (verispec generate --help) can be benchmarked, with options in
-brackets: lossy[epsilon=0.05], multidraft[num_drafts=4], mjsd[num_beams=4]. Peers measured in
-the same run: hf-ar (transformers' generate), hf-assisted (assisted generation with exactly γ
-draft tokens), hf-assisted-default (transformers' own drafting heuristic).
+brackets: lossy[epsilon=0.05], multidraft[num_drafts=4], mjsd[num_beams=4]; γ may be auto
+(chosen by measurement). Peers measured in the same run: hf-ar (transformers' generate),
+hf-assisted (assisted generation with exactly γ draft tokens), hf-assisted-default
+(transformers' own drafting heuristic), llamacpp-ar (llama.cpp's plain decoding of the
+original Q4_K_M target GGUF) and llamacpp-spec (llama.cpp's own speculative decoding of the
+GGUF pair); the llama.cpp peers need the extra `peers`:
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
+    pip install --no-cache-dir 'verispec[peers]'
+At T > 0 every method's and peer's output is checked against the target's law (summary.md
+flags those that depart from it).
 
 Output in --out: results.jsonl (one line per prompt x config x repeat, appended as it runs:
 rerun the same command to resume), summary.md, summary.json (list "rows"), PNG plots.

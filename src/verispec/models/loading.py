@@ -1,26 +1,36 @@
-"""Loading models by name: embedded defaults, local directories, hub ids and toy specs."""
+"""Loading models by name: embedded defaults, local directories, hub ids and toy specs.
+
+One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16`` or ``int8``
+(:func:`resolve_precision` says what ``auto`` picks here and why). Qwen2/Llama-family
+checkpoints run on the native runtime (:mod:`verispec.models.native`), whose int8 weights
+are cached next to the float weights; other architectures run through transformers
+(:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 
 import torch
 
 from verispec.models.base import CausalLM
-from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM, TableLM
 
 __all__ = [
-    "QUANTIZE_CHOICES",
+    "PRECISIONS",
     "IncompatibleModelsError",
     "check_compatible",
     "default_device",
     "load_model",
-    "quantize_int8",
-    "resolve_dtype",
+    "load_transformers",
+    "resolve_precision",
 ]
 
-QUANTIZE_CHOICES = ("none", "int8")
+PRECISIONS = ("auto", "float32", "bfloat16", "int8")
 
 
 class IncompatibleModelsError(ValueError):
@@ -31,32 +41,70 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _cpu_has_fast_bf16() -> bool:
+@cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+        pass
+    return frozenset()
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """Map ``auto|float32|bfloat16`` to a torch dtype and a sentence saying why."""
-    if dtype == "float32":
-        return torch.float32, "float32 (requested)"
-    if dtype == "bfloat16":
-        return torch.bfloat16, "bfloat16 (requested)"
-    if dtype != "auto":
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+def _cpu_has_fast_bf16() -> bool:
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def _int8_missing(device: torch.device) -> str | None:
+    """Why int8 cannot run on ``device`` (None: it can)."""
+    if device.type != "cpu":
+        return f"int8 runs on x86 CPUs only, not on {device}"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"int8 needs an x86-64 CPU (this one is {platform.machine()})"
+    if not _cpu_flags() & {"avx512_vnni", "avx_vnni"}:
+        return "int8 needs a CPU with VNNI instructions (avx512_vnni or avx_vnni)"
+    from verispec.models.native.linear import int8_available
+
+    if not int8_available():
+        return "int8 needs PyTorch's oneDNN or fbgemm int8 kernels, absent from this torch build"
+    return None
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """(precision, a sentence saying why) for ``auto|float32|bfloat16|int8`` on ``device``.
+
+    ``auto``: int8 on an x86 CPU with VNNI and PyTorch's int8 kernels; bfloat16 on CUDA with bf16 support
+    or a CPU with native bf16 instructions; float32 otherwise. Raises ValueError for an
+    unknown precision and for int8 where the kernels are missing.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "int8":
+        missing = _int8_missing(device)
+        if missing:
+            raise ValueError(f"{missing}; use --precision bfloat16 or float32")
+        return "int8", "int8 (requested)"
+    if precision != "auto":
+        return precision, f"{precision} (requested)"
+    if _int8_missing(device) is None:
+        return "int8", "int8 (auto: x86 CPU with VNNI int8 instructions)"
+    return _auto_float(device)
+
+
+def _auto_float(device: torch.device) -> tuple[str, str]:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16, "bfloat16 (auto: CUDA device with bf16 support)"
+        return "bfloat16", "bfloat16 (auto: CUDA device with bf16 support)"
     if device.type == "cpu" and _cpu_has_fast_bf16():
-        return torch.bfloat16, "bfloat16 (auto: this CPU has native bf16 instructions)"
-    return torch.float32, "float32 (auto: no fast bf16 on this device)"
+        return "bfloat16", "bfloat16 (auto: this CPU has native bf16 instructions)"
+    return "float32", "float32 (auto: no int8 or fast bf16 on this device)"
 
 
-def _toy(spec: str) -> TableLM:
+def _toy(spec: str) -> CausalLM:
     """``toy:ab-target``, ``toy:ab-draft``, ``toy:markov:V:SEED``, ``toy:random:V:SEED``."""
+    from verispec.models.toy import ContextIndependentLM, MarkovLM, RandomContextLM
+
     parts = spec.split(":")[1:]
     kind = parts[0] if parts else ""
     if kind == "ab-target":
@@ -77,85 +125,96 @@ def _toy(spec: str) -> TableLM:
 def load_model(
     spec: str,
     *,
-    dtype: str = "auto",
+    precision: str = "auto",
     device: torch.device | None = None,
     progress: Callable[[str], None] | None = None,
-    quantize: str = "none",
 ) -> CausalLM:
     """Load a model from an embedded name, a local directory, a hub id or a toy spec.
 
-    ``quantize="int8"`` applies :func:`quantize_int8` (meant for the draft: q is whatever the
-    quantized draft outputs, so every lossless verifier stays lossless).
+    ``precision``: one of :data:`PRECISIONS` (see :func:`resolve_precision`). Toy models
+    compute in exact float64 and take ``auto`` (or ``float64``) only. int8 runs on the CPU
+    (``device`` is then ignored unless it names another device, which is an error).
     """
-    if quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {quantize!r}")
     if spec.startswith("toy:"):
-        if quantize != "none":
-            raise ValueError(f"toy model {spec!r} is exact float64 and cannot be quantized")
+        if precision not in ("auto", "float64"):
+            raise ValueError(f"toy model {spec!r} computes in exact float64; precision must be "
+                             f"auto, not {precision!r}")
         return _toy(spec)
+    if precision not in PRECISIONS:  # refuse before fetching anything
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "int8" and device is None:
+        device = torch.device("cpu")
+    device = device or default_device()
+    name, reason = resolve_precision(precision, device)
+
+    from verispec.models.fetch import resolve
+
+    location = resolve(spec, progress=progress)
+    path = Path(location)
+    hub = not path.is_dir()  # a hub id
+    if hub:
+        from huggingface_hub import hf_hub_download
+
+        config = json.loads(Path(hf_hub_download(location, "config.json")).read_text())
+    else:
+        config = json.loads((path / "config.json").read_text())
+    label = os.path.basename(location.rstrip("/")) or spec
+
+    from verispec.models.native import load_native, native_supports
+
+    if native_supports(config):
+        if hub:  # the files the native runtime reads
+            from huggingface_hub import snapshot_download
+
+            if progress:
+                progress(f"downloading {spec} from the Hugging Face hub")
+            path = Path(snapshot_download(location, allow_patterns=[
+                "*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]))
+        if progress:
+            progress(f"loading {spec} from {path}: {reason}, native runtime")
+        return load_native(path, name, device=device, name=label, progress=progress)
+    if name == "int8":
+        if precision == "int8":
+            raise ValueError(
+                f"int8 needs a Qwen2/Llama-family model (per-token activation scales in the "
+                f"native runtime); {spec} is {config.get('model_type')!r}: use bfloat16 or "
+                "float32")
+        name, reason = _auto_float(device)
+    return _load_transformers(spec, location, label, name, reason, device, progress)
+
+
+def _load_transformers(spec: str, path: str, label: str, precision: str, reason: str,
+                       device: torch.device, progress: Callable[[str], None] | None) -> CausalLM:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from verispec.models.fetch import resolve
     from verispec.models.hf import HFCausalLM
 
     hf_logging.disable_progress_bar()
-    device = device or default_device()
-    torch_dtype, _ = resolve_dtype(dtype, device)
-    if quantize == "int8":  # refuse before the load, which takes seconds to a minute
-        _check_int8(spec, device, torch_dtype)
-    path = resolve(spec, progress=progress)
     if progress:
-        progress(f"loading {spec} ({torch_dtype}) from {path}")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+        progress(f"loading {spec} from {path}: {reason}, transformers")
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if precision == "int8":
+        from verispec.models.native.hf_int8 import int8_transformers
+
+        model = int8_transformers(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    loaded = HFCausalLM(model, tokenizer, name=os.path.basename(str(path).rstrip("/")) or spec)
-    if quantize == "int8":
-        if progress:
-            progress(f"quantizing {spec}: dynamic int8 linear layers (CPU)")
-        return quantize_int8(loaded, inplace=True)  # the float copy is ours: no second copy
-    return loaded
+    return HFCausalLM(model, tokenizer, name=label, precision=precision)
 
 
-def quantize_int8(model: CausalLM, *, inplace: bool = False) -> CausalLM:
-    """A float32 CPU transformers model whose ``nn.Linear`` layers run dynamic int8 matmuls
-    (int8 weights, activations quantized per call), named ``<name>+int8``. It is a copy
-    unless ``inplace``, which converts ``model``'s own module and saves the memory of a copy.
+def load_transformers(spec: str, *, precision: str, device: torch.device | None = None,
+                      progress: Callable[[str], None] | None = None) -> CausalLM:
+    """A model run by transformers itself (for the transformers peers), in ``precision``
+    (``float32``, ``bfloat16`` or, for Qwen2/Llama-family models on an x86 CPU, ``int8``:
+    the native int8 runtime's quantized model inside the transformers module)."""
+    device = device or (torch.device("cpu") if precision == "int8" else default_device())
+    name, reason = resolve_precision(precision, device)
+    from verispec.models.fetch import resolve
 
-    Used on the draft. The draft's q is then the quantized model's own distribution, which
-    the engine records exactly as sampled, so lossless verification stays lossless; only
-    acceptance can change. Raises TypeError for non-transformers models, and ValueError for
-    weights that are not float32 and for models off the CPU (PyTorch's dynamic int8 kernels
-    are CPU-only).
-    """
-    import copy
-    import warnings
-
-    from torch.ao.quantization import quantize_dynamic
-
-    from verispec.models.hf import HFCausalLM
-
-    if not isinstance(model, HFCausalLM):
-        raise TypeError(f"int8 quantization needs a transformers model, got {type(model).__name__}")
-    module = model.model
-    param = next(module.parameters())
-    _check_int8(model.name, param.device, param.dtype)
-    with warnings.catch_warnings():
-        # The pinned torch still ships these kernels but announces their move to torchao.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        source = module if inplace else copy.deepcopy(module)
-        quantized = quantize_dynamic(source, {torch.nn.Linear}, dtype=torch.qint8,
-                                     inplace=inplace)
-    return HFCausalLM(quantized, model.tokenizer, name=f"{model.name}+int8")
-
-
-def _check_int8(name: str, device: torch.device, dtype: torch.dtype) -> None:
-    if device.type != "cpu":
-        raise ValueError(f"int8 dynamic quantization runs on the CPU only; {name} is on {device}")
-    if dtype != torch.float32:
-        raise ValueError(f"int8 dynamic quantization needs float32 weights; {name} is "
-                         f"{dtype} (use --dtype float32)")
+    location = resolve(spec, progress=progress)
+    label = os.path.basename(location.rstrip("/")) or spec
+    return _load_transformers(spec, location, label, name, reason, device, progress)
 
 
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:

@@ -14,18 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from verispec.checks import parse_gamma
 from verispec.models.options import add_model_args
 
 __all__ = ["add_command", "build_parser", "main", "run"]
-
-
-def _gamma(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +28,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the speculation of requests that do not choose one in their "
                         "\"speculative\" object: a batchable method with options in brackets "
                         "(default block; mjgd and pearl cannot share the batch)")
-    p.add_argument("--gamma", type=_gamma, default=None,
+    p.add_argument("--gamma", type=parse_gamma, default=None,
                    help="γ for --method: an integer or auto (default: the method's, as "
                         "verispec generate)")
     p.add_argument("--drafter", choices=["model", "ngram"], default="model",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verispec.checks import check_positive
+from verispec.checks import check_flag, check_positive
 from verispec.engine.protocols import Method, VerifyBatch
 from verispec.engine.request import GenerationOutput
 from verispec.methods.pearl.schedule import PLANS
@@ -25,12 +25,6 @@ from verispec.sampling import Randomness, Sampling
 from verispec.verify import VerifyResult
 
 __all__ = ["PEARL", "PearlMethod", "pearl_generate"]
-
-
-def _check_flag(name: str, value: bool) -> bool:
-    if type(value) is not bool:
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 class PearlMethod(Method):
@@ -53,8 +47,8 @@ class PearlMethod(Method):
             raise ValueError(f"pearl verifies its windows with {' or '.join(PLANS)}, "
                              f"not {verifier!r}")
         self.verifier = verifier
-        self.pre_verify = _check_flag("pre_verify", pre_verify)
-        self.post_verify = _check_flag("post_verify", post_verify)
+        self.pre_verify = check_flag("pre_verify", pre_verify)
+        self.post_verify = check_flag("post_verify", post_verify)
         self.draft_threads = None if draft_threads is None else check_positive(
             "draft_threads", draft_threads)
         self.target_threads = None if target_threads is None else check_positive(

@@ -1,0 +1,810 @@
+"""llama.cpp as a benchmark peer: its plain decoding and its own speculative decoding.
+
+Both peers run the embedded pair's GGUF files (:func:`verispec.models.fetch.model_path` with
+``fmt="gguf"``; ``verispec models fetch`` keeps them), i.e. the *quantized* models, not the
+float32 safetensors verispec's own methods run.
+
+* ``llamacpp-ar``: plain decoding of the target GGUF through llama-cpp-python. The prompt is
+  evaluated from the given token ids (no text round trip), then one token per call is sampled
+  by a llama.cpp sampler chain built here: ``greedy`` at T = 0, else ``temp(T)`` followed by
+  ``dist(seed)`` and nothing else (no top-k / top-p / min-p / repetition penalty), so it draws
+  from the target's own tempered law, with one RNG stream for the whole request. It stops at
+  any of the given EOS ids or at the budget. Only generation is timed (prefill + decode, the
+  sampling included); loading is not, and loaded models are cached per (file, threads, flash
+  attention) in this process (:func:`load_gguf`, :func:`clear_cache`).
+* ``llamacpp-spec``: llama.cpp's own draft-model speculative decoding, the
+  ``llama-speculative-simple`` example program built from the llama.cpp sources vendored in
+  the same llama-cpp-python sdist (:func:`build_speculative`, or
+  ``python -m verispec.bench.llamacpp build-spec``; :func:`run_llamacpp` builds it on first
+  use, which takes minutes), run as a subprocess (:func:`speculative_argv`) and parsed
+  (:func:`parse_speculative_output`). The program takes the prompt as *text*: the ids are
+  detokenized with llama.cpp's own vocabulary, and the run is refused unless llama.cpp
+  tokenizes that text back to exactly the same ids (:func:`prompt_text`).
+
+How llama.cpp speculates (``--spec-type draft-simple``): every round the draft proposes
+``--spec-draft-n-max`` = γ tokens greedily (its most probable token at each step;
+``--spec-draft-p-min 0`` so it never stops a draft early), the target scores
+``[last token, d_1..d_γ]`` in one batch, and at each position the *target's own sampler*
+draws a token; the draft token is accepted when it equals that draw, and the first
+mismatching draw (or the draw after γ accepted tokens) ends the round. At T = 0 this is the
+target's greedy decoding (up to batch-size-dependent float rounding). At T > 0 it is still
+exact in distribution: with a greedy (one-point) draft, accepting d with probability p(d) and
+otherwise emitting a draw from p restricted to tokens ≠ d is exactly speculative sampling
+with q = δ_d, so every emitted token is a draw of the target's own law. What it gives up
+against verispec's verifiers is efficiency (a one-point draft accepts with p(d) only), not
+exactness; and it uses its own RNG, so T > 0 outputs differ token by token from the other
+peers' at the same seed.
+
+Differences from the other peers to keep in mind: llama.cpp stops at *every*
+end-of-generation token of the GGUF's vocabulary (for the embedded Qwen2.5 pair
+``<|im_end|>`` 151645 and also ``<|endoftext|>`` 151643, ``<|fim_pad|>``, ``<|repo_name|>``,
+``<|file_sep|>`` 151662-151664 and ``</s>`` 128247, which verispec's EOS list does not hold;
+it cannot be told otherwise without changing the sampling law) and its example may overrun
+the budget by a round; the tokens returned are cut at the budget and at the first EOS of the
+given list, and the time is llama.cpp's own "encoded" + "decoded" time (prompt prefill of
+both models plus decoding; model loading and warm-up excluded). The generated ids are read
+from the program's debug log (each round's accepted draft ids and the target's token; the
+final end-of-generation id included) and checked against its printed text; without those
+log lines they are recovered by tokenizing the printed text again (noted in
+``PeerResult.notes``).
+
+Counting (same conventions as :mod:`verispec.bench.peers`): ``target_calls`` counts target
+forward calls including the prefill; ``target_positions`` counts the positions they scored
+minus the prompt's first ``len(prompt) − 1``. For ``llamacpp-spec`` they are derived from
+the program's own counters (rounds = generated − accepted), and ``draft_calls`` is
+1 (prompt) + rounds (the draft re-reads each verified batch) + drafted tokens.
+
+Install (llama-cpp-python compiles llama.cpp from source; these flags build only the native
+CPU library, no examples, tests, tools, server or multimodal library)::
+
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \\
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \\
+      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \\
+      pip install --no-cache-dir -e '.[peers]'
+
+(``--no-cache-dir``: pip would otherwise reuse a wheel cached from a build with other flags.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verispec.bench.peers import PeerResult
+from verispec.models.fetch import cache_dir
+
+__all__ = [
+    "DEFAULT_EOS",
+    "INSTALL_COMMAND",
+    "INSTALL_COMMAND_PLAIN",
+    "LLAMA_CPP_PYTHON_VERSION",
+    "PEERS",
+    "LlamaCppUnavailableError",
+    "SpeculativeOutput",
+    "build_speculative",
+    "clear_cache",
+    "default_threads",
+    "forward_ms",
+    "llamacpp_available",
+    "load_gguf",
+    "parse_speculative_output",
+    "prompt_text",
+    "run_llamacpp",
+    "speculative_argv",
+    "speculative_binary",
+]
+
+PEERS = ("llamacpp-ar", "llamacpp-spec")
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+"""The version pinned by verispec's ``peers`` extra (also the source of the example build)."""
+
+DEFAULT_EOS = (151645,)
+"""EOS ids of the embedded target (``<|im_end|>``); pass the target's ``eos_token_ids``."""
+
+PIP_CMAKE_FLAGS = (
+    "-DGGML_NATIVE=ON",
+    "-DLLAVA_BUILD=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+
+INSTALL_COMMAND = (
+    f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
+    "pip install --no-cache-dir -e '.[peers]'"
+)
+"""Install command from a verispec checkout (the ``peers`` extra pins llama-cpp-python)."""
+
+INSTALL_COMMAND_PLAIN = (
+    f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
+    f"pip install --no-cache-dir 'llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'"
+)
+
+SPEC_TARGET = "llama-speculative-simple"
+
+SPEC_CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_COMMON=ON",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+"""CMake flags of the example build: native, static (self-contained binary), only the
+libraries the example needs are compiled because only its target is built."""
+
+BINARY_ENV = "VERISPEC_LLAMA_SPECULATIVE"
+"""Environment variable naming a ready ``llama-speculative-simple`` binary to use instead."""
+
+_MIN_CTX = 4096
+
+Progress = Callable[[str], None]
+
+
+class LlamaCppUnavailableError(ImportError):
+    """llama-cpp-python is missing or unusable; the message says how to install it."""
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def _install_hint() -> str:
+    return (f"install it (compiles llama.cpp, a few minutes) from a verispec checkout with\n"
+            f"  {INSTALL_COMMAND}\n"
+            f"or, outside a checkout,\n"
+            f"  {INSTALL_COMMAND_PLAIN}")
+
+
+def llamacpp_available() -> str | None:
+    """None if llama-cpp-python imports and its library loads, else why not and what to run."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        return f"the llama.cpp peers need llama-cpp-python, which is not installed ({exc}); " \
+               + _install_hint()
+    except Exception as exc:  # noqa: BLE001 - the shared library failed to load (OSError, ...)
+        return f"llama-cpp-python is installed but does not load ({type(exc).__name__}: " \
+               f"{exc}); reinstall it: " + _install_hint()
+    return None
+
+
+def _llama_cpp() -> Any:
+    reason = llamacpp_available()
+    if reason is not None:
+        raise LlamaCppUnavailableError(reason)
+    import llama_cpp
+
+    return llama_cpp
+
+
+def _installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def default_threads() -> int:
+    """CPUs this process may run on (llama.cpp's default counts physical cores instead)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- loaded models
+
+_MODELS: dict[tuple[str, int, bool], Any] = {}
+_VOCABS: dict[str, Any] = {}
+
+
+def _ctx_size(needed: int) -> int:
+    return max(_MIN_CTX, -(-needed // 1024) * 1024)
+
+
+def load_gguf(path: str | os.PathLike[str], *, threads: int | None = None, n_ctx: int = _MIN_CTX,
+              flash_attn: bool = True) -> Any:
+    """A ``llama_cpp.Llama`` for ``path``, cached per (resolved path, threads, flash_attn).
+
+    A cached model whose context is smaller than ``n_ctx`` is replaced by a larger one. The
+    batch holds the whole context, so a prompt is one prefill call.
+    """
+    llama_cpp = _llama_cpp()
+    resolved = str(Path(path).expanduser().resolve())
+    if not Path(resolved).is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    threads = threads or default_threads()
+    key = (resolved, threads, flash_attn)
+    llm = _MODELS.get(key)
+    if llm is not None and llm.n_ctx() >= n_ctx:
+        return llm
+    if llm is not None:
+        llm.close()
+        del _MODELS[key]
+    size = _ctx_size(n_ctx)
+    llm = llama_cpp.Llama(model_path=resolved, n_ctx=size, n_batch=size, n_ubatch=512,
+                          n_threads=threads, n_threads_batch=threads, n_gpu_layers=0,
+                          flash_attn=flash_attn, logits_all=False, verbose=False)
+    _MODELS[key] = llm
+    return llm
+
+
+def _vocab(path: str | os.PathLike[str]) -> Any:
+    """A vocabulary-only ``Llama`` (tokenizer of the GGUF; loads in well under a second)."""
+    llama_cpp = _llama_cpp()
+    resolved = str(Path(path).expanduser().resolve())
+    vocab = _VOCABS.get(resolved)
+    if vocab is None:
+        if not Path(resolved).is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        vocab = llama_cpp.Llama(model_path=resolved, vocab_only=True, verbose=False)
+        _VOCABS[resolved] = vocab
+    return vocab
+
+
+def clear_cache() -> None:
+    """Free every model loaded by this module."""
+    for cache in (_MODELS, _VOCABS):
+        for llm in cache.values():
+            with contextlib.suppress(Exception):
+                llm.close()
+        cache.clear()
+
+
+# --------------------------------------------------------------------------- llamacpp-ar
+
+
+@contextlib.contextmanager
+def _sampler(llama_cpp: Any, temperature: float, seed: int) -> Iterator[Any]:
+    """llama.cpp sampler chain: greedy at T = 0, else temp(T) then dist(seed), nothing else."""
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    try:
+        if temperature <= 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(
+                float(temperature)))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
+                int(seed) & 0xFFFFFFFF))
+        yield chain
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+
+
+def _run_ar(prompt: list[int], *, gguf: str | os.PathLike[str], temperature: float,
+            max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
+            flash_attn: bool) -> PeerResult:
+    llama_cpp = _llama_cpp()
+    llm = load_gguf(gguf, threads=threads, n_ctx=len(prompt) + max_new_tokens,
+                    flash_attn=flash_attn)
+    eos_set = {int(t) for t in eos}
+    tokens: list[int] = []
+    calls = positions = 0
+    with _sampler(llama_cpp, temperature, seed) as chain:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(prompt)
+        calls += 1
+        positions += len(prompt)
+        while True:
+            token = int(llama_cpp.llama_sampler_sample(chain, llm.ctx, -1))
+            tokens.append(token)
+            if token in eos_set or len(tokens) >= max_new_tokens:
+                break
+            llm.eval([token])
+            calls += 1
+            positions += 1
+        seconds = time.perf_counter() - start
+    return PeerResult(tokens=tokens, seconds=seconds, target_calls=calls,
+                      target_positions=positions - (len(prompt) - 1),
+                      notes=[f"llama.cpp plain decoding of {Path(gguf).name} ("
+                             f"{threads or default_threads()} threads, flash attention "
+                             f"{'on' if flash_attn else 'off'})"])
+
+
+def forward_ms(gguf: str | os.PathLike[str], *, context: int = 200, batch: int = 1,
+               repeats: int = 20, threads: int | None = None, flash_attn: bool = True,
+               seed: int = 0) -> list[float]:
+    """Milliseconds of each of ``repeats`` target calls scoring ``batch`` new positions after a
+    ``context``-token prefix (the prefix is evaluated once; each call is rolled back). The
+    ids are random non-special tokens; one untimed call warms up first."""
+    llm = load_gguf(gguf, threads=threads, n_ctx=context + batch, flash_attn=flash_attn)
+    rng = random.Random(seed)
+    n_plain = min(llm.n_vocab(), 151643)
+    prefix = [rng.randrange(n_plain) for _ in range(context)]
+    new = [rng.randrange(n_plain) for _ in range(batch)]
+    llm.reset()
+    llm.eval(prefix)
+    times = []
+    for i in range(repeats + 1):
+        llm.n_tokens = context  # the next eval drops the KV entries past the prefix
+        start = time.perf_counter()
+        llm.eval(new)
+        if i:
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+# --------------------------------------------------------------------------- llamacpp-spec
+
+
+def prompt_text(vocab: Any, prompt: Sequence[int]) -> bytes:
+    """The UTF-8 text of ``prompt`` per llama.cpp's vocabulary, checked to tokenize back to
+    exactly ``prompt`` the way ``llama-speculative-simple`` tokenizes (special tokens parsed,
+    BOS added only if the vocabulary asks for it). Raises ValueError otherwise."""
+    ids = [int(t) for t in prompt]
+    text = bytes(vocab.detokenize(ids, special=True))
+    back = [int(t) for t in vocab.tokenize(text, add_bos=True, special=True)]
+    if back != ids:
+        at = next((i for i, (a, b) in enumerate(zip(ids, back, strict=False)) if a != b),
+                  min(len(ids), len(back)))
+        raise ValueError(
+            f"llama.cpp re-tokenizes the prompt text differently from the given ids ({len(ids)} "
+            f"ids, {len(back)} after the round trip, first difference at position {at}: "
+            f"{ids[at:at + 3]} vs {back[at:at + 3]}); llamacpp-spec takes text, so it cannot run "
+            "this prompt exactly")
+    return text
+
+
+def _build_root(version: str | None = None) -> Path:
+    version = version or _installed_version() or LLAMA_CPP_PYTHON_VERSION
+    return cache_dir() / "llama.cpp" / f"llama-cpp-python-{version}"
+
+
+def speculative_binary() -> Path | None:
+    """The ``llama-speculative-simple`` to run: ``$VERISPEC_LLAMA_SPECULATIVE`` if set, else the
+    build in ``<cache>/llama.cpp/llama-cpp-python-<version>/build/bin/`` if complete; None
+    when there is none yet."""
+    env = os.environ.get(BINARY_ENV)
+    if env:
+        path = Path(env).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise FileNotFoundError(f"${BINARY_ENV}={env} is not an executable file")
+        return path
+    root = _build_root()
+    binary = root / "build" / "bin" / SPEC_TARGET
+    if (root / "build.json").is_file() and binary.is_file():
+        return binary
+    return None
+
+
+def _say(progress: Progress | None, msg: str) -> None:
+    if progress is not None:
+        progress(f"[verispec.llamacpp] {msg}")
+
+
+def _run_checked(cmd: list[str], what: str, **kwargs: Any) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-25:])
+        raise RuntimeError(f"{what} failed (exit code {proc.returncode}): "
+                           f"{shlex.join(cmd)}\n{tail}")
+
+
+def _vendored_source(root: Path, version: str, source: Path | None,
+                     progress: Progress | None) -> Path:
+    """A llama.cpp source tree: ``source`` (a llama.cpp tree or an unpacked llama-cpp-python
+    sdist), else ``root/src`` unpacked from the llama-cpp-python ``version`` sdist that pip
+    downloads (the sources llama-cpp-python itself was built from)."""
+    if source is not None:
+        source = Path(source).expanduser()
+        for candidate in (source, source / "vendor" / "llama.cpp"):
+            if (candidate / "examples" / "speculative-simple").is_dir():
+                return candidate
+        raise FileNotFoundError(f"{source} is neither a llama.cpp tree nor an unpacked "
+                                "llama-cpp-python sdist (no examples/speculative-simple)")
+    src = root / "src"
+    if (src / "examples" / "speculative-simple").is_dir():
+        return src
+    with tempfile.TemporaryDirectory(prefix=".sdist-", dir=root) as tmp:
+        _say(progress, f"downloading the llama-cpp-python {version} sdist with pip")
+        _run_checked([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                      ":all:", "--disable-pip-version-check", "-q", "-d", tmp,
+                      f"llama-cpp-python=={version}"], "pip download")
+        archives = sorted(Path(tmp).glob("*.tar.gz"))
+        if not archives:
+            raise RuntimeError(f"pip download left no sdist in {tmp}")
+        staging = Path(tmp) / "unpacked"
+        with tarfile.open(archives[0]) as tar:
+            members = [m for m in tar.getmembers()
+                       if m.name.split("/")[1:3] == ["vendor", "llama.cpp"]]
+            tar.extractall(staging, members=members, filter="data")
+        found = sorted(staging.glob("*/vendor/llama.cpp"))
+        if not found:
+            raise RuntimeError(f"no vendor/llama.cpp in {archives[0].name}")
+        if src.exists():
+            shutil.rmtree(src)
+        os.replace(found[0], src)
+    return src
+
+
+def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int | None = None,
+                      force: bool = False, progress: Progress | None = None) -> Path:
+    """Build ``llama-speculative-simple`` (only that CMake target) from the llama.cpp sources
+    vendored in the installed llama-cpp-python's sdist, into
+    ``<cache>/llama.cpp/llama-cpp-python-<version>/``; return the binary. Needs cmake and a
+    C++17 compiler (ninja if present). Reuses a finished build unless ``force``."""
+    version = _installed_version() or LLAMA_CPP_PYTHON_VERSION
+    root = _build_root(version)
+    binary = root / "build" / "bin" / SPEC_TARGET
+    if not force and (root / "build.json").is_file() and binary.is_file():
+        return binary
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("building llama-speculative-simple needs cmake (and a C++ compiler); "
+                           "install them, e.g. apt-get install cmake g++ (or pip install cmake)")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "build.json").unlink(missing_ok=True)
+    src = _vendored_source(root, version, Path(source) if source is not None else None,
+                           progress)
+    build = root / "build"
+    configure = [cmake, "-S", str(src), "-B", str(build), *SPEC_CMAKE_FLAGS]
+    if shutil.which("ninja"):
+        configure[1:1] = ["-G", "Ninja"]
+    jobs = jobs or default_threads()
+    start = time.monotonic()
+    _say(progress, f"configuring llama.cpp ({src})")
+    if build.exists() and force:
+        shutil.rmtree(build)
+    _run_checked(configure, "cmake configure")
+    _say(progress, f"building {SPEC_TARGET} with {jobs} jobs (a few minutes)")
+    _run_checked([cmake, "--build", str(build), "--target", SPEC_TARGET, "-j", str(jobs)],
+                 "cmake build")
+    if not binary.is_file():
+        raise RuntimeError(f"the build finished but {binary} is missing")
+    seconds = time.monotonic() - start
+    info = {"llama_cpp_python": version, "source": str(src), "cmake_flags": list(SPEC_CMAKE_FLAGS),
+            "target": SPEC_TARGET, "build_seconds": round(seconds, 1),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (root / "build.json").write_text(json.dumps(info, indent=2) + "\n", "utf-8")
+    _say(progress, f"built {binary} in {seconds:.0f}s")
+    return binary
+
+
+def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.PathLike[str],
+                     draft_gguf: str | os.PathLike[str], prompt_file: str | os.PathLike[str],
+                     gamma: int, temperature: float, seed: int, max_new_tokens: int,
+                     threads: int, n_ctx: int, flash_attn: bool = True) -> list[str]:
+    """Command line of one ``llama-speculative-simple`` run.
+
+    The example stops once its count *exceeds* ``-n``, hence ``-n max_new_tokens - 1``; when
+    at most one token of budget is left it still drafts a full γ (its per-round cap of 0 means
+    "no cap"), so a run can overshoot by up to γ tokens, which the caller cuts off. ``-bf``
+    reads the prompt bytes verbatim and ``--no-escape`` keeps backslashes as they are. The
+    sampler chain is temperature alone (pure temperature sampling; at T = 0 llama.cpp samples
+    greedily). ``-lv 5`` (debug) prints the drafting statistics and, every round, the drafted
+    ids and the last accepted id, from which the generated ids are read exactly (this logging
+    costs no measurable CPU time).
+    """
+    if gamma < 1:
+        raise ValueError(f"llamacpp-spec needs gamma >= 1, got {gamma}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    t = str(threads)
+    return [
+        str(binary),
+        "-m", str(target_gguf),
+        "-md", str(draft_gguf),
+        "--spec-type", "draft-simple",
+        "--spec-draft-n-max", str(gamma),
+        "--spec-draft-n-min", "0",
+        "--spec-draft-p-min", "0",
+        "-bf", str(prompt_file),
+        "--no-escape",
+        "-n", str(max_new_tokens - 1),
+        "-c", str(n_ctx),
+        "-b", str(n_ctx),
+        "-ub", "512",
+        "-t", t, "-tb", t, "-td", t, "-tbd", t,
+        "-fa", "on" if flash_attn else "off",
+        "--samplers", "temperature",
+        "--temp", repr(float(max(temperature, 0.0))),
+        "--top-k", "0", "--top-p", "1", "--min-p", "0", "--repeat-penalty", "1",
+        "--seed", str(int(seed) & 0xFFFFFFFF),
+        "--color", "off",
+        "-lv", "5",
+    ]
+
+
+@dataclass
+class SpeculativeOutput:
+    """What one ``llama-speculative-simple`` run printed."""
+
+    text: bytes
+    """Generated text (stdout without the echoed prompt); the final EOG token is not printed."""
+    n_input: int
+    encode_seconds: float
+    decode_seconds: float
+    n_predict: int
+    """Tokens generated, a final end-of-generation token included."""
+    n_drafted: int
+    n_accept: int
+    draft_stats: dict[str, int] = field(default_factory=dict)
+    """``calls_begin``, ``calls_draft``, ``calls_accept``, ``gen_drafts``, ``acc_drafts``,
+    ``gen_tokens``, ``acc_tokens`` of the draft implementation, when printed."""
+    target_prompt_positions: int | None = None
+    """llama.cpp's target perf counter of positions in multi-token calls (prefill included)."""
+    target_single_calls: int | None = None
+    """llama.cpp's target perf counter of single-token calls."""
+    ids: list[int] | None = None
+    """Generated ids read from the debug log (every round's accepted draft ids and the target's
+    last token, so a final end-of-generation token included); None without a debug log."""
+
+    @property
+    def seconds(self) -> float:
+        return self.encode_seconds + self.decode_seconds
+
+    @property
+    def rounds(self) -> int:
+        """Target verification calls: each emits its accepted tokens plus one."""
+        return self.n_predict - self.n_accept
+
+
+_EVENT_RE = re.compile(
+    r"draft candidate\s+0, pos\s+(?P<pos>[0-9]+):\s+(?P<tok>-?[0-9]+) \("
+    r"|accepted (?P<acc>[0-9]+)/(?P<n>[0-9]+) draft tokens, the last target token is: "
+    r"\((?P<last>-?[0-9]+)\)")
+_STDOUT_HEAD = b"\n\n"
+_STDOUT_TAIL = b"\n\n\n\n"
+_NUM = r"([0-9]+(?:\.[0-9]*)?)"
+
+
+def _search(pattern: str, text: str, what: str) -> re.Match[str]:
+    m = re.search(pattern, text)
+    if m is None:
+        raise ValueError(f"llama-speculative-simple output has no {what} line "
+                         f"(pattern {pattern!r}); its last lines:\n"
+                         + "\n".join(text.strip().splitlines()[-15:]))
+    return m
+
+
+def _ids_from_debug(stderr: str) -> list[int] | None:
+    """The ids every round emitted: its first ``k`` drafted ids (candidate 0 at positions
+    0, 1, ... of the latest draft) and then the target's own token. None if the log has no
+    round lines or they do not add up."""
+    ids: list[int] = []
+    draft: list[int] = []
+    rounds = 0
+    for m in _EVENT_RE.finditer(stderr):
+        if m.group("pos") is not None:
+            if int(m.group("pos")) == 0:
+                draft = []
+            draft.append(int(m.group("tok")))
+            continue
+        accepted, size = int(m.group("acc")), int(m.group("n"))
+        if accepted > size or accepted > len(draft):
+            return None
+        ids.extend(draft[:accepted])
+        ids.append(int(m.group("last")))
+        draft = []
+        rounds += 1
+    return ids if rounds else None
+
+
+def parse_speculative_output(stdout: bytes, stderr: str | bytes, *,
+                             prompt: bytes) -> SpeculativeOutput:
+    """Parse a run: stdout is ``"\\n\\n" + prompt + generated + "\\n\\n\\n\\n"``; the counts and
+    timings are on stderr."""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode("utf-8", "replace")
+    head = _STDOUT_HEAD + prompt
+    if not stdout.startswith(head):
+        raise ValueError("llama-speculative-simple did not echo the prompt as expected (its "
+                         f"stdout starts {stdout[:80]!r})")
+    body = stdout[len(head):]
+    body = body.removesuffix(_STDOUT_TAIL) if body.endswith(_STDOUT_TAIL) \
+        else body.removesuffix(_STDOUT_HEAD)
+    enc = _search(r"encoded\s+([0-9]+) tokens in\s+" + _NUM + " seconds", stderr, "'encoded'")
+    dec = _search(r"decoded\s+([0-9]+) tokens in\s+" + _NUM + " seconds", stderr, "'decoded'")
+    n_predict = int(_search(r"n_predict\s*=\s*([0-9]+)", stderr, "n_predict").group(1))
+    n_drafted = int(_search(r"n_drafted\s*=\s*([0-9]+)", stderr, "n_drafted").group(1))
+    n_accept = int(_search(r"n_accept\s*=\s*([0-9]+)", stderr, "n_accept").group(1))
+    stats: dict[str, int] = {}
+    m = re.search(r"statistics\s+\S+: #calls\(b,g,a\) =\s*([0-9]+)\s+([0-9]+)\s+([0-9]+), "
+                  r"#gen drafts =\s*([0-9]+), #acc drafts =\s*([0-9]+), "
+                  r"#gen tokens =\s*([0-9]+), #acc tokens =\s*([0-9]+)", stderr)
+    if m is not None:
+        names = ("calls_begin", "calls_draft", "calls_accept", "gen_drafts", "acc_drafts",
+                 "gen_tokens", "acc_tokens")
+        stats = dict(zip(names, (int(g) for g in m.groups()), strict=True))
+    # the target context's perf counters come after "target:" (the draft has its own)
+    tail = stderr[stderr.rfind("target:"):] if "target:" in stderr else stderr
+    pe = re.search(r"prompt eval time =\s*" + _NUM + r" ms /\s*([0-9]+) tokens", tail)
+    ev = re.search(r"[^t] eval time =\s*" + _NUM + r" ms /\s*([0-9]+) runs", tail)
+    return SpeculativeOutput(
+        text=body, n_input=int(enc.group(1)), encode_seconds=float(enc.group(2)),
+        decode_seconds=float(dec.group(2)), n_predict=n_predict, n_drafted=n_drafted,
+        n_accept=n_accept, draft_stats=stats,
+        target_prompt_positions=int(pe.group(2)) if pe else None,
+        target_single_calls=int(ev.group(2)) if ev else None, ids=_ids_from_debug(stderr))
+
+
+def _eog_checker(vocab: Any) -> Callable[[int], bool]:
+    """``llama_vocab_is_eog`` of the GGUF's vocabulary (its end-of-generation tokens)."""
+    llama_cpp = _llama_cpp()
+    pointer = llama_cpp.llama_model_get_vocab(vocab.model)
+    return lambda token: bool(llama_cpp.llama_vocab_is_eog(pointer, int(token)))
+
+
+def _generated_ids(vocab: Any, prompt: list[int], prompt_bytes: bytes, text: bytes,
+                   notes: list[str]) -> list[int]:
+    """Ids of the printed continuation: tokenize prompt + text and drop the prompt's ids (the
+    same split the model made, whenever the text round-trips)."""
+    full = [int(t) for t in vocab.tokenize(prompt_bytes + text, add_bos=True, special=True)]
+    if full[:len(prompt)] == prompt:
+        ids = full[len(prompt):]
+    else:
+        notes.append("the continuation merged with the prompt's last token when re-tokenized; "
+                     "its ids were tokenized on their own")
+        ids = [int(t) for t in vocab.tokenize(text, add_bos=False, special=True)] if text else []
+    if bytes(vocab.detokenize(ids, special=True)) != text:
+        notes.append("the generated text does not round-trip through llama.cpp's tokenizer; "
+                     "token ids are approximate")
+    return ids
+
+
+def _run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
+              draft_gguf: str | os.PathLike[str], temperature: float, gamma: int,
+              max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
+              flash_attn: bool, binary: str | os.PathLike[str] | None,
+              progress: Progress | None, timeout: float | None) -> PeerResult:
+    for path in (target_gguf, draft_gguf):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+    binary = binary or speculative_binary() or build_speculative(progress=progress)
+    vocab = _vocab(target_gguf)
+    text = prompt_text(vocab, prompt)
+    threads = threads or default_threads()
+    n_ctx = _ctx_size(len(prompt) + max_new_tokens + gamma + 2)
+    with tempfile.TemporaryDirectory(prefix="verispec-llamacpp-") as tmp:
+        prompt_file = Path(tmp) / "prompt.txt"
+        prompt_file.write_bytes(text)
+        argv = speculative_argv(binary, target_gguf=target_gguf, draft_gguf=draft_gguf,
+                                prompt_file=prompt_file, gamma=gamma, temperature=temperature,
+                                seed=seed, max_new_tokens=max_new_tokens, threads=threads,
+                                n_ctx=n_ctx, flash_attn=flash_attn)
+        proc = subprocess.run(argv, capture_output=True, check=False, timeout=timeout)
+    stderr = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-25:])
+        raise RuntimeError(f"llama-speculative-simple failed (exit code {proc.returncode}): "
+                           f"{shlex.join(argv)}\n{tail}")
+    out = parse_speculative_output(proc.stdout, stderr, prompt=text)
+    notes = [f"llama.cpp speculative decoding (draft-simple, greedy drafts of {gamma}, exact-"
+             f"match verification) of {Path(target_gguf).name} with {Path(draft_gguf).name}, "
+             f"{threads} threads, flash attention {'on' if flash_attn else 'off'}"]
+    is_eog = _eog_checker(vocab)
+    if out.ids is not None:
+        ids = []
+        for token in out.ids:  # the program stops at the first end-of-generation token
+            ids.append(token)
+            if is_eog(token):
+                break
+        printed = ids[:-1] if ids and is_eog(ids[-1]) else ids
+        if bytes(vocab.detokenize(printed, special=True)) != out.text:
+            notes.append("the ids read from llama.cpp's log do not detokenize to its printed "
+                         "text")
+    else:
+        ids = _generated_ids(vocab, prompt, text, out.text, notes)
+        if out.n_predict == len(ids) + 1 and eos:
+            ids.append(int(eos[0]))
+            notes.append("llama.cpp stopped at an end-of-generation token; without its debug "
+                         f"log the id is unknown and taken to be {int(eos[0])}")
+    if out.n_predict != len(ids) and len(ids) <= max_new_tokens:
+        notes.append(f"llama.cpp counted {out.n_predict} generated tokens, {len(ids)} were "
+                     "recovered")
+    eos_set = {int(t) for t in eos}
+    cut = next((i + 1 for i, t in enumerate(ids) if t in eos_set), None)
+    if cut is not None:
+        ids = ids[:cut]
+    elif ids and is_eog(ids[-1]):
+        notes.append(f"llama.cpp stopped at end-of-generation token {ids[-1]}, which is not in "
+                     "the EOS list (llama.cpp stops at every end-of-generation token)")
+    if len(ids) > max_new_tokens:
+        notes.append(f"llama.cpp generated {len(ids)} tokens for a budget of {max_new_tokens}; "
+                     "cut at the budget (its time includes the overrun)")
+        ids = ids[:max_new_tokens]
+    rounds = out.rounds
+    prefill = 1 if out.n_input > 1 else 0
+    drafted = out.draft_stats.get("gen_tokens", out.n_drafted)
+    notes.append(f"llama.cpp: encoded {out.n_input} tokens in {out.encode_seconds:.3f}s, decoded "
+                 f"{out.n_predict} in {out.decode_seconds:.3f}s; {rounds} rounds, "
+                 f"{out.n_accept}/{out.n_drafted} draft tokens accepted")
+    return PeerResult(tokens=ids, seconds=out.seconds, target_calls=prefill + rounds,
+                      target_positions=rounds + out.n_drafted,
+                      draft_calls=1 + rounds + drafted, notes=notes)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run_llamacpp(name: str, prompt_ids: Sequence[int], *, target_gguf: str | os.PathLike[str],
+                 draft_gguf: str | os.PathLike[str] | None, temperature: float,
+                 gamma: int | None, max_new_tokens: int, seed: int, threads: int | None = None,
+                 eos_token_ids: Sequence[int] = DEFAULT_EOS, flash_attn: bool = True,
+                 binary: str | os.PathLike[str] | None = None,
+                 progress: Progress | None = None, timeout: float | None = None) -> PeerResult:
+    """Run peer ``llamacpp-ar`` or ``llamacpp-spec`` on one prompt (token ids).
+
+    ``eos_token_ids``: the target's EOS ids (verispec's ``target.eos_token_ids``).
+    ``threads``: llama.cpp threads for both models (default: every CPU this process may use).
+    ``binary``: a ``llama-speculative-simple`` to use (default :func:`speculative_binary`,
+    built on first use by :func:`build_speculative`). Raises
+    :class:`LlamaCppUnavailableError` (with the install command) without llama-cpp-python.
+    """
+    if name not in PEERS:
+        raise ValueError(f"unknown llama.cpp peer {name!r}; known: {', '.join(PEERS)}")
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    _llama_cpp()  # both peers need it (spec: the vocabulary)
+    if name == "llamacpp-ar":
+        return _run_ar(prompt, gguf=target_gguf, temperature=temperature,
+                       max_new_tokens=max_new_tokens, seed=seed, threads=threads,
+                       eos=eos_token_ids, flash_attn=flash_attn)
+    if draft_gguf is None:
+        raise ValueError("llamacpp-spec needs a draft GGUF")
+    if gamma is None:
+        raise ValueError("llamacpp-spec needs an integer gamma")
+    return _run_spec(prompt, target_gguf=target_gguf, draft_gguf=draft_gguf,
+                     temperature=temperature, gamma=gamma, max_new_tokens=max_new_tokens,
+                     seed=seed, threads=threads, eos=eos_token_ids, flash_attn=flash_attn,
+                     binary=binary, progress=progress, timeout=timeout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verispec.bench.llamacpp {status,build-spec}``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m verispec.bench.llamacpp",
+                                     description="llama.cpp peers: status and example build")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="is llama-cpp-python usable, is the example built")
+    build = sub.add_parser("build-spec", help=f"build {SPEC_TARGET} into the verispec cache")
+    build.add_argument("--source", default=None,
+                       help="a llama.cpp tree or an unpacked llama-cpp-python sdist "
+                            "(default: download the installed version's sdist with pip)")
+    build.add_argument("--jobs", type=int, default=None)
+    build.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        reason = llamacpp_available()
+        state = f"usable, version {_installed_version()}" if reason is None else reason
+        print(f"llama-cpp-python: {state}")
+        print(f"{SPEC_TARGET}: {speculative_binary() or 'not built'}")
+        return 0 if reason is None else 1
+    path = build_speculative(source=args.source, jobs=args.jobs, force=args.force,
+                             progress=lambda m: print(m, file=sys.stderr))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

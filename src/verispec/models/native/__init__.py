@@ -1,0 +1,149 @@
+"""The native Qwen2/Llama-family runtime: a compact decoder over a preallocated KV cache,
+in float32, bfloat16 or (x86 CPU) int8 with per-token activation scales.
+
+* :func:`load_native` — from a Hugging Face directory (the int8 weights are cached on disk);
+* :func:`from_hf_module` — from an in-memory transformers ``*ForCausalLM`` module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
+from verispec.models.native.linear import int8_available
+from verispec.models.native.lm import NativeCausalLM
+from verispec.models.native.model import Transformer
+from verispec.models.native.weights import (
+    INT8_CACHE_FILE,
+    build_dense,
+    build_int8,
+    dir_tensors,
+    int8_state,
+    load_int8_cache,
+    module_tensors,
+    packed_state,
+    save_int8_cache,
+)
+
+__all__ = [
+    "INT8_CACHE_FILE",
+    "NATIVE_PRECISIONS",
+    "NativeCausalLM",
+    "NativeConfig",
+    "Transformer",
+    "UnsupportedModelError",
+    "from_hf_module",
+    "load_native",
+    "native_supports",
+]
+
+NATIVE_PRECISIONS = ("float32", "bfloat16", "int8")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def native_supports(config: Any) -> bool:
+    """Whether a transformers config (object or ``config.json`` dict) runs natively."""
+    return unsupported_reason(config) is None
+
+
+def _check(precision: str, device: torch.device) -> None:
+    if precision not in NATIVE_PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(NATIVE_PRECISIONS)}, "
+                         f"got {precision!r}")
+    if precision == "int8":
+        if device.type != "cpu":
+            raise ValueError(f"int8 runs on the CPU only (oneDNN / fbgemm kernels), not on "
+                             f"{device}; use bfloat16 or float32 there")
+        if not int8_available():
+            raise ValueError("int8 needs PyTorch's oneDNN or fbgemm int8 kernels, absent from "
+                             "this torch build")
+
+
+def _eos(generation: Any, tokenizer: Any, config: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    sources = [getattr(generation, "eos_token_id", None) if not isinstance(generation, dict)
+               else generation.get("eos_token_id"), getattr(tokenizer, "eos_token_id", None)]
+    if not sources[0]:
+        sources.append(config.get("eos_token_id") if isinstance(config, dict)
+                       else getattr(config, "eos_token_id", None))
+    for s in sources:
+        if isinstance(s, int):
+            ids.add(s)
+        elif s is not None:
+            ids.update(int(i) for i in s)
+    return frozenset(ids)
+
+
+def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
+                   precision: str = "float32", device: torch.device | str | None = None,
+                   ) -> NativeCausalLM:
+    """A native model with the weights of an in-memory transformers ``*ForCausalLM``
+    (copied: fused, cast or quantized). ``device`` defaults to the module's."""
+    dev = torch.device(device) if device is not None else next(module.parameters()).device
+    _check(precision, dev)
+    config = NativeConfig.from_hf(module.config)
+    get = module_tensors(module)
+    with torch.no_grad():
+        if precision == "int8":
+            net = build_int8(config, int8_state(config, get))
+        else:
+            net = build_dense(config, get, DTYPES[precision], dev)
+    eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
+    return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision)
+
+
+def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
+                device: torch.device | str | None = None, tokenizer: Any = None,
+                name: str | None = None, cache: bool = True,
+                progress: Callable[[str], None] | None = None) -> NativeCausalLM:
+    """A native model from a Hugging Face directory.
+
+    int8: the quantized weights are read from ``<path>/verispec-int8.safetensors`` when it
+    exists and matches the float weights; otherwise they are made from the float weights and
+    (``cache=True``) saved there for the next load. A directory that cannot be written just
+    skips the saving.
+    """
+    path = Path(path)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    _check(precision, dev)
+    config_dict = json.loads((path / "config.json").read_text())
+    config = NativeConfig.from_hf(config_dict)
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if precision == "int8":
+            net = None
+            state = load_int8_cache(path) if cache else None
+            if state is not None:
+                try:
+                    net = build_int8(config, state)
+                except RuntimeError as e:  # packed weights this torch cannot rebuild
+                    say(f"ignoring {INT8_CACHE_FILE}: {e}")
+            if net is None:
+                say(f"quantizing {path.name} to int8 (once; cached as {INT8_CACHE_FILE})")
+                net = build_int8(config, int8_state(config, dir_tensors(path), progress))
+                if cache:
+                    try:
+                        file = save_int8_cache(path, packed_state(net))
+                        say(f"saved {file} ({file.stat().st_size / 2**30:.2f} GiB)")
+                    except OSError as e:
+                        say(f"could not cache the int8 weights in {path}: {e}")
+        else:
+            net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
+    say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    gen_file = path / "generation_config.json"
+    generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+    return NativeCausalLM(net, tokenizer, name or path.name,
+                          eos_token_ids=_eos(generation, tokenizer, config_dict),
+                          precision=precision)

@@ -1,0 +1,193 @@
+"""A compact Qwen2/Llama-family decoder (gpt-fast style) over a preallocated KV cache.
+
+Shapes: R rows, k new tokens per row (ragged rows are padded with filler at the end),
+H model width, Hq query heads and Hkv key/value heads of D dims (G = Hq / Hkv), S the cache
+slots attended, V the vocabulary.
+
+Each layer runs four matmuls: fused q/k/v (with the RMSNorm in front), o_proj added to the
+residual, fused gate/up (with its RMSNorm), down_proj added to the residual. Attention is
+``scaled_dot_product_attention`` with an explicit mask by position, and grouped
+query heads are folded into the query length (each key/value head serves G·k query rows),
+so keys and values are never repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from verispec.models.native.config import NativeConfig
+from verispec.models.native.linear import DenseLinear, Int8Linear
+
+__all__ = ["Block", "Step", "Transformer"]
+
+Linear = DenseLinear | Int8Linear
+
+
+@dataclass
+class Block:
+    """One decoder layer: four (fused) linear layers, the RMSNorms folded into two of them."""
+
+    qkv: Linear  # rmsnorm -> [q | k | v], [M, (Hq + 2 Hkv) D]
+    o: Linear  # [M, Hq D] -> residual + [M, H]
+    gate_up: Linear  # rmsnorm -> [gate | up], [M, 2 I]
+    down: Linear  # [M, I] -> residual + [M, H]
+
+
+@dataclass
+class Step:
+    """What one forward pass needs besides the tokens, built once for all layers."""
+
+    cos: Tensor  # [R, k, 1, D] RoPE cosines at each token's position
+    sin: Tensor  # [R, k, 1, D] RoPE sines, first half negated (see ``Transformer.rope``)
+    start: int | None  # every row writes slots start..start+k-1 (rows of one length), or
+    rows: Tensor | None  # [R, k] row index and
+    slots: Tensor | None  # [R, k] cache slot (= position) of each token (ragged rows)
+    span: int  # S: cache slots attended (max length + k)
+    mask: Tensor | None  # [R, 1, G k, S] additive: 0 where a query may attend, else -inf
+    # (None: every query sees every slot < S)
+    pick: Tensor | None  # [R n] flat indices of the hidden states whose logits are wanted
+
+
+class Transformer:
+    """The weights and the forward pass; holds no per-sequence state (the cache is passed in)."""
+
+    def __init__(self, config: NativeConfig, embed: Tensor, blocks: list[Block], head: Linear,
+                 *, dtype: torch.dtype, device: torch.device,
+                 attention_dtype: torch.dtype | None = None) -> None:
+        self.config = config
+        self.embed = embed  # [V, H]; float16 storage for int8 models
+        self.blocks = blocks
+        self.head = head  # final RMSNorm + lm_head, [M, H] -> [M, V]
+        self.dtype = dtype  # activations
+        # KV cache and attention arithmetic; float64 for int8 models (see ``attend``)
+        self.attention_dtype = attention_dtype or dtype
+        self.device = device
+        d = config.head_dim
+        exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+        self.inv_freq = (1.0 / (config.rope_theta ** exponents)).to(device)  # [D/2]
+        self.cos = torch.empty((0, d), dtype=dtype, device=device)  # [P, D]
+        self.sin = torch.empty((0, d), dtype=dtype, device=device)  # [P, D]
+
+    def rope(self, positions: int) -> tuple[Tensor, Tensor]:
+        """cos, sin tables [P, D] for positions 0..P-1 (P ≥ ``positions``), grown on demand.
+
+        Same values as transformers' default rotary embedding; ``sin`` has its first half
+        negated so that rotate_half(x) ⊙ sin = flip_halves(x) ⊙ sin_signed.
+        """
+        if self.cos.shape[0] < positions:
+            p = max(positions, 2 * self.cos.shape[0], 256)
+            t = torch.arange(p, device=self.device, dtype=torch.float32)
+            freqs = t[:, None] * self.inv_freq[None, :]  # [P, D/2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+            half = self.config.head_dim // 2
+            sign = torch.ones(self.config.head_dim, device=self.device)
+            sign[:half] = -1.0
+            self.cos = emb.cos().to(self.dtype)
+            self.sin = (emb.sin() * sign).to(self.dtype)
+        return self.cos, self.sin
+
+    def new_cache(self, rows: int, capacity: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Uninitialized keys and values, one [R, Hkv, L, D] tensor each per layer (pages
+        that are never written are never touched)."""
+        c = self.config
+        shape = (rows, c.kv_heads, capacity, c.head_dim)
+        dtype = self.attention_dtype
+        keys = [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.blocks]
+        values = [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.blocks]
+        return keys, values
+
+    def additive_mask(self, allowed: Tensor) -> Tensor:
+        """A boolean mask as 0 / -inf in the activations' dtype (SDPA's faster mask form)."""
+        mask = torch.zeros(allowed.shape, dtype=self.attention_dtype, device=self.device)
+        return mask.masked_fill_(~allowed, float("-inf"))
+
+    def step(self, lengths: list[int], ks: list[int], num_logits: int | None) -> Step:
+        """The per-pass tensors for rows of ``lengths`` receiving ``ks`` tokens each."""
+        dev, g = self.device, self.config.group
+        rows, k = len(lengths), max(ks)
+        span = max(lengths) + k
+        cos, sin = self.rope(span)
+        uniform = min(lengths) == max(lengths)
+        if uniform:  # one write slice for all rows, positions shared
+            pos = torch.arange(lengths[0], lengths[0] + k, device=dev)  # [k]
+            cos_t, sin_t = cos[pos][None, :, None], sin[pos][None, :, None]  # [1, k, 1, D]
+            start, row_idx, slots = lengths[0], None, None
+            mask = None
+            if k > 1:
+                allowed = torch.arange(span, device=dev)[None, :] <= pos[:, None]  # [k, S]
+                mask = self.additive_mask(allowed.repeat(g, 1)[None, None])  # [1, 1, G k, S]
+        else:
+            base = torch.tensor(lengths, dtype=torch.int64, device=dev)  # [R]
+            slots = base[:, None] + torch.arange(k, device=dev)  # [R, k] positions
+            cos_t, sin_t = cos[slots][:, :, None], sin[slots][:, :, None]  # [R, k, 1, D]
+            start = None
+            row_idx = torch.arange(rows, device=dev)[:, None].expand(rows, k)
+            allowed = torch.arange(span, device=dev)[None, None, :] <= slots[:, :, None]  # [R,k,S]
+            mask = self.additive_mask(allowed.repeat(1, g, 1)[:, None])  # [R, 1, G k, S]
+        pick = None
+        if num_logits is not None and (num_logits < k or min(ks) < k):
+            # row b's logits j follow its token k_b - n_b + j; filler entries clamp to k - 1
+            cols = [[min(kb - min(num_logits, kb) + j, k - 1) for j in range(num_logits)]
+                    for kb in ks]
+            pick = torch.tensor([[b * k + c for c in row] for b, row in enumerate(cols)],
+                                dtype=torch.int64, device=dev).view(-1)  # [R n]
+        return Step(cos_t, sin_t, start, row_idx, slots, span, mask, pick)
+
+    def forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
+                logits: bool = True) -> Tensor | None:
+        """ids [R, k] -> logits [R n, V] for ``step.pick`` (all R k when None), or None.
+
+        Writes the new keys/values into ``keys``/``values`` (in place) at the step's slots.
+        """
+        rows, k = ids.shape
+        x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
+        for block, cache_k, cache_v in zip(self.blocks, keys, values, strict=True):
+            x = self.layer(block, x, rows, k, step, cache_k, cache_v)
+        if not logits:
+            return None
+        if step.pick is not None:
+            x = x.index_select(0, step.pick)  # [R n, H]
+        return self.head(x)  # [R n, V]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """SDPA of q [R, Hkv, G k, D] over the cache's k, v [R, Hkv, S, D] -> [R, Hkv, G k, D].
+
+        The attention kernel's float32 rounding depends on how many queries a pass holds
+        (a few ulps). An int8 layer after it rounds its input to 255 levels, and such a
+        difference can cross a rounding boundary, so a token's distribution would depend
+        on how many tokens were scored with it. Int8 models therefore attend in float64
+        (their KV cache is float64) and round once to float32: the result is the same for
+        1 or k queries (barring a float32 rounding tie), at a cost that is small next to the
+        weight streaming.
+        """
+        out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask)
+        return out.to(self.dtype)
+
+    def layer(self, block: Block, x: Tensor, rows: int, k: int, step: Step, cache_k: Tensor,
+              cache_v: Tensor) -> Tensor:
+        """One decoder layer: x [R k, H] -> [R k, H]; writes this layer's cache slots."""
+        c = self.config
+        hq, hkv, d, g = c.heads, c.kv_heads, c.head_dim, c.group
+        qkv = block.qkv(x).view(rows, k, hq + 2 * hkv, d)  # [R, k, Hq + 2 Hkv, D]
+        qk = qkv[:, :, : hq + hkv]  # [R, k, Hq + Hkv, D], a view
+        swapped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)  # halves swapped
+        qk = torch.addcmul(qk * step.cos, swapped, step.sin)  # RoPE on q and k at once
+        new_k, new_v = qk[:, :, hq:], qkv[:, :, hq + hkv:]  # [R, k, Hkv, D] each
+        if step.start is not None:
+            cache_k[:, :, step.start: step.start + k] = new_k.transpose(1, 2)
+            cache_v[:, :, step.start: step.start + k] = new_v.transpose(1, 2)
+        else:
+            cache_k.transpose(1, 2).index_put_((step.rows, step.slots), new_k.to(cache_k.dtype))
+            cache_v.transpose(1, 2).index_put_((step.rows, step.slots), new_v.to(cache_v.dtype))
+        # [R, k, Hkv, G, D] -> [R, Hkv, G k, D]: the G query heads of a kv head in a row
+        q = qk[:, :, :hq].unflatten(2, (hkv, g)).permute(0, 2, 3, 1, 4).reshape(
+            rows, hkv, g * k, d)
+        att = self.attend(q, cache_k[:, :, : step.span], cache_v[:, :, : step.span], step.mask)
+        att = att.unflatten(2, (g, k)).permute(0, 3, 1, 2, 4).reshape(rows * k, hq * d)
+        x = block.o.add_to(x, att)  # [R k, H]
+        gu = block.gate_up(x)  # [R k, 2 I]
+        return block.down.add_to(x, F.silu(gu[:, : c.intermediate]) * gu[:, c.intermediate:])

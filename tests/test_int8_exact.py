@@ -1,0 +1,147 @@
+"""Every lossless method stays exact on the int8 runtime.
+
+p and q are the int8 models' own distributions. The reference law is the int8 target
+sampled one token at a time, each position scored by a fresh prefill of its prefix; the
+engine's law comes from replaying every random decision of the real engine
+(:mod:`verispec.theory.replay`) with tiny native int8 models, so verification passes score
+several tokens at once. Both laws are built from float32 probabilities, hence the
+tolerance of float32 rounding. Top-k warping keeps the number of paths small.
+
+Negative control: the same model with one activation scale per *tensor* (PyTorch's dynamic
+int8) makes a position's distribution depend on the tokens scored with it, and the test
+sees the engine's law move away from the target's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import TinyTokenizer, make_tiny_model
+from verispec.api import make_drafter
+from verispec.engine.exact import Law, walk
+from verispec.engine.loop import Engine
+from verispec.engine.request import Request
+from verispec.methods import build_method
+from verispec.models.native import NativeCausalLM, from_hf_module
+from verispec.models.native.linear import Int8Linear, int8_available
+from verispec.sampling import Randomness, Sampling, warp_rows
+from verispec.theory.exact import tv_distance
+from verispec.theory.replay import engine_law, marginal
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not int8_available(), reason="no int8 kernels")]
+
+LOSSLESS = ["ar", "token", "block", "greedy-block", "multidraft", "lossy[epsilon=0]"]
+GAMMA = {"multidraft": 1}
+FLOAT32_ROUNDING = 1e-5  # laws built from float32 probabilities
+WARP = Sampling(temperature=1.0, top_k=2)
+PROMPT = [3, 17, 5]
+LENGTH = 3
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[NativeCausalLM, NativeCausalLM]:
+    tok = TinyTokenizer()
+    return (from_hf_module(make_tiny_model(seed=40), tok, "target-int8", "int8"),
+            from_hf_module(make_tiny_model(seed=41), tok, "draft-int8", "int8"))
+
+
+def one_at_a_time_law(model: NativeCausalLM, prompt: Sequence[int], sampling: Sampling,
+                      length: int) -> Law:
+    """The law of ``length`` tokens drawn from ``model`` with every position scored alone."""
+
+    def step(ctx: tuple[int, ...], room: int, state: Any) -> Iterable[tuple[Any, ...]]:
+        fresh = model.spawn()
+        fresh.add_rows([list(ctx[:-1])])
+        dist = warp_rows(fresh.extend([[ctx[-1]]])[:, -1], [sampling])[0]  # [V]
+        for y in (dist > 0).nonzero().flatten().tolist():
+            yield (y,), False, float(dist[y]), None
+
+    return walk(prompt, length, step)
+
+
+def engine_run_law(target: NativeCausalLM, draft: NativeCausalLM, method: str,
+                   gamma: int) -> Law:
+    m = build_method(method)
+
+    def run(randoms: Sequence[Randomness]) -> list[list[int]]:
+        maker = None if m.name == "ar" else make_drafter(target, draft.spawn(), m)
+        request = Request(PROMPT, m, m.adjust_sampling(WARP), LENGTH, randoms[0],
+                          gamma if maker is not None else 0, maker)
+        return [Engine(target.spawn()).run([request])[0].tokens]
+
+    return marginal(engine_law(run, rows=1), 0)
+
+
+@pytest.fixture(scope="module")
+def reference(pair: tuple[NativeCausalLM, NativeCausalLM]) -> Law:
+    return one_at_a_time_law(pair[0], PROMPT, WARP, LENGTH)
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_int8_engine_law_is_the_int8_target_law(pair: tuple[NativeCausalLM, NativeCausalLM],
+                                                reference: Law, method: str) -> None:
+    law = engine_run_law(*pair, method, GAMMA.get(method, 2))
+    assert abs(sum(law.values()) - 1) < FLOAT32_ROUNDING
+    assert tv_distance(law, reference) < FLOAT32_ROUNDING
+
+
+class _PerTensorInt8(Int8Linear):
+    """Negative control: one activation scale for the whole pass, as PyTorch's dynamic int8
+    linear computes it, instead of one per token."""
+
+    def _scaled(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u = x if self._factors is None else x * self._factors  # [M, K]
+        a = u.abs().amax().expand(u.shape[0], 1)  # [M, 1]: the same for every row
+        y = torch.ops.onednn.qlinear_pointwise(
+            torch.addcdiv(self._half, u, a, value=127.0).to(torch.uint8), 1 / 127.0, 128,
+            self.packed, self.scale, self._zeros, None, 1.0, 0, torch.float32, "none", [], "")
+        if self.norm is None:
+            return y, a
+        ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)
+        return y, torch.addcmul(self._eps, ss, ss, value=1.0 / self.in_features).rsqrt_() * a
+
+
+def _per_tensor(model: NativeCausalLM) -> NativeCausalLM:
+    net = model.net
+    layers = [getattr(b, n) for b in net.blocks for n in ("qkv", "o", "gate_up", "down")]
+    if any(lin.kernel != "onednn" for lin in layers + [net.head]):
+        pytest.skip("the control rewires oneDNN layers")
+    clone = NativeCausalLM(net, model.tokenizer, "per-tensor", precision="int8")
+    import copy
+
+    clone.net = copy.copy(net)
+    clone.net.blocks = [copy.copy(b) for b in net.blocks]
+    for block in clone.net.blocks:
+        for name in ("qkv", "o", "gate_up", "down"):
+            lin = copy.copy(getattr(block, name))
+            lin.__class__ = _PerTensorInt8
+            setattr(block, name, lin)
+    return clone
+
+
+def test_per_tensor_activation_scales_are_caught(pair: tuple[NativeCausalLM, NativeCausalLM],
+                                                 ) -> None:
+    target = _per_tensor(pair[0])
+    reference = one_at_a_time_law(target, PROMPT, WARP, LENGTH)
+    law = engine_run_law(target, pair[1], "block", 2)
+    assert tv_distance(law, reference) > 10 * FLOAT32_ROUNDING
+
+
+def test_int8_greedy_ar_and_block_give_identical_tokens(
+        pair: tuple[NativeCausalLM, NativeCausalLM]) -> None:
+    target, draft = pair
+    greedy = Sampling(temperature=0)
+    outputs = {}
+    for method in ("ar", "block", "token"):
+        m = build_method(method)
+        maker = None if method == "ar" else make_drafter(target, draft.spawn(), m)
+        request = Request(list(PROMPT), m, greedy, 40, Randomness(torch.Generator()),
+                          4 if maker is not None else 0, maker)
+        outputs[method] = Engine(target.spawn()).run([request])[0].tokens
+    assert len(outputs["ar"]) == 40
+    assert outputs["block"] == outputs["ar"] == outputs["token"]
