@@ -466,3 +466,23 @@ def test_int8_transformers_module_matches_the_native_int8_model(module: Any) -> 
         ref = hf(torch.tensor([ids])).logits[0]  # [12, V]
     nat.add_rows([[]])
     close(nat.extend([ids]), ref[None], rel=1e-4)
+
+
+@needs_int8
+def test_pearl_workers_reload_int8_models_from_their_directory(module: Any,
+                                                                tmp_path: Path) -> None:
+    """int8 weights are opaque oneDNN tensors that do not pickle: a PEARL worker gets the
+    directory and precision and reloads the model (from the int8 disk cache)."""
+    import pickle
+
+    from verispec.methods.pearl.workers import NativePayload, materialise, portable
+
+    module.save_pretrained(tmp_path)
+    m = load_model_dir(tmp_path, "int8")
+    payload = portable(m)
+    assert isinstance(payload, NativePayload) and payload.precision == "int8"
+    again = materialise(pickle.loads(pickle.dumps(payload)))
+    prefix = seq(6, 97)
+    for model in (m, again):
+        model.add_rows([prefix])
+    assert torch.equal(m.extend([seq(3, 98)]), again.extend([seq(3, 98)]))

@@ -89,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "and the measured speed-up")
     add_model_args(demo)
     demo.add_argument("--task", type=int, default=0, help="HumanEval task index")
-    demo.add_argument("--gamma", type=int, default=8)
+    demo.add_argument("--gamma", type=parse_gamma, default="auto",
+                      help="draft length, or auto (chosen by measurement; the default)")
     demo.add_argument("--temperature", type=float, default=0.0)
-    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--seed", type=int, default=0)
 
     from verispec.bench.options import BENCH_EPILOG, add_bench_arguments

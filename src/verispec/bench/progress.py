@@ -1,7 +1,7 @@
 """A dependency-free progress bar with an ETA, written to the error stream.
 
 On a terminal the bar redraws in place; otherwise (logs, pipes, tests) it prints one line
-per step. The ETA is the mean time per step *in this session* times the steps left, so a
+per step. The ETA is the mean time per step *in this run* times the steps left, so a
 resumed run does not count the steps it skipped.
 """
 
@@ -28,7 +28,7 @@ class Progress:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.total, self.stream, self.width, self.clock = total, stream, width, clock
         self.done = done
-        self.session_done = 0
+        self.run_done = 0
         self.start = clock()
         isatty = getattr(stream, "isatty", None)
         self.tty = bool(isatty and isatty())
@@ -37,8 +37,8 @@ class Progress:
         frac = self.done / self.total if self.total else 1.0
         filled = round(frac * self.width)
         elapsed = self.clock() - self.start
-        if self.session_done:
-            eta = format_duration(elapsed / self.session_done * (self.total - self.done))
+        if self.run_done:
+            eta = format_duration(elapsed / self.run_done * (self.total - self.done))
         else:
             eta = "?"
         bar = "#" * filled + "-" * (self.width - filled)
@@ -48,7 +48,7 @@ class Progress:
 
     def step(self, label: str = "") -> None:
         self.done += 1
-        self.session_done += 1
+        self.run_done += 1
         self.show(label)
 
     def show(self, label: str = "") -> None:

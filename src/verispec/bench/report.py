@@ -248,6 +248,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "# verispec bench", "",
         (f"- target `{meta['target']}`, draft `{meta['draft'] or '–'}`, "
          f"{meta.get('precision_note', meta.get('dtype_note', ''))}, device {meta['device']}, {meta['threads']} threads"),
+        f"- machine: {meta.get('machine') or 'not recorded'}",
+        f"- pair costs, measured at start-up: {meta.get('pair_costs') or 'not measured'}",
         f"- suites {', '.join(meta['suites'])}; prompts per category: {cats}",
         (f"- {meta['max_new_tokens']} new tokens, {meta['repeats']} repeat(s), seed "
          f"{meta['seed']}, drafter {meta['drafter']}"),

@@ -3,7 +3,7 @@
 Order of work: for each repeat, for each prompt, every config of the grid in turn — so that
 the methods compared on one prompt run back to back (slow drifts of the machine's speed hit
 them alike). Each config gets one warm-up generation (a 16-token prefix of the first prompt,
-16 new tokens) the first time it runs in a session; warm-ups are never recorded.
+16 new tokens) the first time it runs in a process; warm-ups are never recorded.
 
 Timing brackets only generation: for verispec's methods, :attr:`Stats.wall_time_s` (prefill
 + decoding, measured inside the engine); for the transformers peers, the ``generate`` call.
@@ -32,6 +32,7 @@ import torch
 from verispec.api import generate_batch
 from verispec.bench.grid import Config, expand_grid, parse_method
 from verispec.bench.lawcheck import token_terms
+from verispec.bench.measure import machine_description
 from verispec.bench.measure import MemoryMeter, derive_seed, rescore, score_nll
 from verispec.bench.metrics import summarize
 from verispec.bench.llamacpp import run_llamacpp
@@ -411,6 +412,12 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
     done = read_results(results_path)
     units = plan(configs, len(prompts), s.repeats)
     todo = [u for u in units if not all(k in done for k in u.row_keys(prompts))]
+    costs = None
+    if draft is not None and needs_draft:  # why the speed-ups are what they are
+        from verispec.api import pair_costs
+
+        costs = pair_costs(target, draft).describe()
+        print(f"pair costs: {costs}", file=err)
     runner = _Runner(s, target, draft, prompts, encoded, hf_pair)
     progress = Progress(len(units), err, done=len(units) - len(todo))
     if done:
@@ -444,6 +451,7 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
         "methods": [m.label for m in s.methods], "temperatures": list(s.temperatures),
         "gammas": [g if g is not None else "auto" for g in s.gammas],
         "batch_sizes": list(s.batch_sizes),
+        "pair_costs": costs, "machine": machine_description(),
     }
     summary = {"meta": meta, "rows": summarize(ordered)}
     write_reports(s.out, summary)

@@ -217,6 +217,22 @@ def load_transformers(spec: str, *, precision: str, device: torch.device | None 
     return _load_transformers(spec, location, label, name, reason, device, progress)
 
 
+_VOCAB_KEYS: dict[int, tuple[object, int]] = {}  # id(tokenizer) -> (tokenizer, vocab hash)
+
+
+def _vocab_key(tokenizer: object) -> int | None:
+    """A hash of the tokenizer's vocabulary (None without ``get_vocab``), computed once per
+    tokenizer: reading a 150k-entry vocabulary takes a tenth of a second."""
+    get = getattr(tokenizer, "get_vocab", None)
+    if get is None:
+        return None
+    known = _VOCAB_KEYS.get(id(tokenizer))
+    if known is None or known[0] is not tokenizer:
+        known = (tokenizer, hash(frozenset(get().items())))
+        _VOCAB_KEYS[id(tokenizer)] = known
+    return known[1]
+
+
 def check_compatible(target: CausalLM, draft: CausalLM) -> None:
     """Raise :class:`IncompatibleModelsError` unless both share vocabulary and tokenizer."""
     if target.vocab_size != draft.vocab_size:
@@ -225,8 +241,7 @@ def check_compatible(target: CausalLM, draft: CausalLM) -> None:
             f"draft {draft.name} has {draft.vocab_size}"
         )
     t_tok, d_tok = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
-    get_t, get_d = getattr(t_tok, "get_vocab", None), getattr(d_tok, "get_vocab", None)
-    if get_t is not None and get_d is not None and get_t() != get_d():
+    if t_tok is not d_tok and _vocab_key(t_tok) != _vocab_key(d_tok):
         raise IncompatibleModelsError(
             f"tokenizers differ between target {target.name} and draft {draft.name}: the same "
             "token id would mean different text"

@@ -55,7 +55,7 @@ def rapl_packages(root: Path | None = None) -> tuple[list[RaplDomain], str]:
     """
     root = POWERCAP_ROOT if root is None else root
     if not root.is_dir():
-        return [], f"{root} does not exist (no powercap/RAPL interface on this machine)"
+        return [], f"{root} does not exist (no powercap/RAPL interface on this host)"
     found = sorted((int(m.group(1)), d) for d in root.iterdir() if (m := _PACKAGE_DIR.match(d.name)))
     domains: list[RaplDomain] = []
     for _, d in found:

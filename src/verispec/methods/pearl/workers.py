@@ -43,7 +43,7 @@ from verispec.telemetry.timeline import now
 from verispec.models.base import CausalLM
 from verispec.sampling import Sampling
 
-__all__ = ["HFPayload", "materialise", "portable", "worker_main"]
+__all__ = ["HFPayload", "NativePayload", "materialise", "portable", "worker_main"]
 
 
 @dataclass
@@ -59,17 +59,36 @@ class HFPayload:
     device: str | None = None
 
 
+@dataclass
+class NativePayload:
+    """A native model loaded from a directory, sent as its path and precision (int8 weights
+    are opaque oneDNN tensors that do not pickle; the worker reloads them from the disk
+    cache)."""
+
+    path: str
+    precision: str
+    name: str
+
+
 def portable(model: CausalLM, device: str | None = None) -> Any:
     """What to send to a worker for ``model`` (see :func:`materialise`)."""
     from verispec.models.hf import HFCausalLM
+    from verispec.models.native import NativeCausalLM
 
     if isinstance(model, HFCausalLM):
         return HFPayload(model.model, model.name, device)
+    if isinstance(model, NativeCausalLM) and model.source is not None:
+        return NativePayload(model.source, model.precision, model.name)
     return model
 
 
 def materialise(payload: Any) -> CausalLM:
     """The model a worker runs, rebuilt from :func:`portable`'s payload."""
+    if isinstance(payload, NativePayload):
+        from verispec.models.native import load_native
+
+        return load_native(payload.path, payload.precision, name=payload.name,
+                           load_tokenizer=False)
     if isinstance(payload, HFPayload):
         from verispec.models.hf import HFCausalLM
 

@@ -101,7 +101,7 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
 
 def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 device: torch.device | str | None = None, tokenizer: Any = None,
-                name: str | None = None, cache: bool = True,
+                name: str | None = None, cache: bool = True, load_tokenizer: bool = True,
                 progress: Callable[[str], None] | None = None) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
 
@@ -138,7 +138,7 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
         else:
             net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
     say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")
-    if tokenizer is None:
+    if tokenizer is None and load_tokenizer:  # (a PEARL worker needs none)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -146,4 +146,4 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     return NativeCausalLM(net, tokenizer, name or path.name,
                           eos_token_ids=_eos(generation, tokenizer, config_dict),
-                          precision=precision)
+                          precision=precision, source=str(path))

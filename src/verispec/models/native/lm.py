@@ -45,8 +45,9 @@ class NativeCausalLM(CausalLM):
 
     def __init__(self, net: Transformer, tokenizer: Any = None, name: str = "native", *,
                  eos_token_ids: frozenset[int] = frozenset(), max_length: int | None = None,
-                 precision: str = "float32") -> None:
+                 precision: str = "float32", source: str | None = None) -> None:
         super().__init__()
+        self.source = source  # the directory it was loaded from (None: built in memory)
         self.net = net
         self.tokenizer = tokenizer
         self.name = name
@@ -60,7 +61,7 @@ class NativeCausalLM(CausalLM):
     def spawn(self) -> NativeCausalLM:
         return NativeCausalLM(self.net, self.tokenizer, self.name,
                               eos_token_ids=self.eos_token_ids, max_length=self.max_length,
-                              precision=self.precision)
+                              precision=self.precision, source=self.source)
 
     def reset(self) -> None:
         self._keys: list[Tensor] = []  # per layer [R, Hkv, L, D]
