@@ -152,3 +152,13 @@ def test_models_list_names_both_embedded_models():
     code, out, _ = run("models", "list")
     assert code == 0
     assert "qwen2.5-coder-0.5b-instruct" in out and "qwen2.5-coder-1.5b-instruct" in out
+
+
+def test_bench_serve_is_the_server_load_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    """``verispec bench serve`` runs ``verispec.bench.serve`` (checked before any server
+    starts)."""
+    assert main(["bench", "serve", "--max-tokens", "0"]) == 2
+    assert "--max-tokens and --num-prompts must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "serve", "--help"])
+    assert stop.value.code == 0 and "verispec bench serve" in capsys.readouterr().out

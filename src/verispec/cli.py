@@ -282,6 +282,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
     """Entry point of the ``verispec`` console script; returns the exit status."""
     out = out or sys.stdout
     err = err or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "serve"]:  # the server load benchmark has its own options
+        from verispec.bench.serve import main as bench_serve
+
+        return bench_serve(argv[2:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":

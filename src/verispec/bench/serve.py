@@ -98,7 +98,7 @@ def _ints(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verispec.bench.serve",
+    p = argparse.ArgumentParser(prog="verispec bench serve",
                                 description=__doc__.split("\n\n")[0])
     add_model_args(p)
     p.add_argument("--url", default=None,
