@@ -18,6 +18,7 @@ from typing import Self
 import torch
 
 from verispec.models.base import CausalLM
+from verispec.telemetry.machine import cpu_info
 
 __all__ = ["MemoryMeter", "derive_seed", "machine_description", "rescore", "rss_bytes",
            "score_nll"]
@@ -32,21 +33,8 @@ KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "am
 
 def machine_description() -> str:
     """The CPU model, its cores and kernel-relevant flags, and the GPU if there is one."""
-    model, flags, ids = "unknown CPU", set(), {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = (x.strip() for x in line.partition(":"))
-                if key == "model name" and model == "unknown CPU":
-                    model = value
-                elif key in ("cpu family", "model") and key not in ids:
-                    ids[key] = value
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    if ids:
-        model += f" (family {ids.get('cpu family', '?')}, model {ids.get('model', '?')})"
+    cpu = cpu_info()
+    model, flags = f"{cpu.model_name} (family {cpu.family}, model {cpu.model})", cpu.flags
     have = [x for x in KERNEL_FLAGS if x in flags]
     text = (f"{model}, {os.cpu_count()} cores, flags {' '.join(have) or 'unknown'}"
             f" (no {' '.join(x for x in KERNEL_FLAGS if x not in flags)})" if flags else model)

@@ -327,7 +327,7 @@ def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[Caus
     return pair.target, pair.draft
 
 
-def _check_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM,
+def _prepare_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM,
                  draft: CausalLM | None, err: TextIO, *, loaded: bool,
                  ) -> tuple[CausalLM, CausalLM | None] | None:
     """Refuse peers that cannot run here, with the reason and the remedy; load the models of
@@ -400,7 +400,7 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
         target, draft = _load_models(s, needs_draft, err)
     elif needs_draft and draft is None:
         raise ValueError("the methods need a draft model")
-    hf_pair = _check_peers(configs, s, target, draft, err, loaded=loaded)
+    hf_pair = _prepare_peers(configs, s, target, draft, err, loaded=loaded)
     tokenizer = getattr(target, "tokenizer", None)
     if tokenizer is None:
         raise ValueError(f"the target {target.name} has no tokenizer to encode prompts with")

@@ -13,12 +13,12 @@ import json
 import os
 import platform
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
 import torch
 
 from verispec.models.base import CausalLM
+from verispec.telemetry.machine import cpu_info
 
 __all__ = [
     "PRECISIONS",
@@ -41,16 +41,8 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@cache
 def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return cpu_info().flags
 
 
 def _cpu_has_fast_bf16() -> bool:

@@ -22,6 +22,8 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from verispec.telemetry.machine import cpu_info
+
 __all__ = ["available", "pack", "restore", "save", "signature"]
 
 
@@ -80,15 +82,7 @@ def restore(blob: Tensor, md: Tensor, shape: tuple[int, int]) -> Tensor:
 @cache
 def signature() -> str:
     """What the packed layout depends on: torch (and so oneDNN) and the CPU's vector ISA."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = " ".join(sorted(x for x in line.split(":", 1)[1].split()
-                                            if x.startswith(("avx", "amx", "fma", "f16c"))))
-                    break
-    except OSError:
-        pass
+    flags = " ".join(sorted(x for x in cpu_info().flags
+                            if x.startswith(("avx", "amx", "fma", "f16c"))))
     text = f"{torch.__version__}|{flags}"  # a torch version pins its oneDNN
     return hashlib.sha256(text.encode()).hexdigest()[:16]
