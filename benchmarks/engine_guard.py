@@ -2,9 +2,12 @@
 
 Both sides run the same transformers float32 models (the embedded pair) through their own
 engine: ``ar``, ``token`` and ``block`` on single prompts, and ``block`` on a batch of four
-prompts. Each side runs in its own process (both packages are named ``verispec``); the
-sides alternate round by round, so slow phases of the machine hit both. Reported: median
-tokens per second of each side, and their ratio.
+prompts. Each side is a long-lived worker process (both packages are named ``verispec``)
+that loads its models once; the two workers take turns unit by unit (one prompt of one
+method, or one batch), the side that goes first alternating, so a slow minute of a shared
+machine hits both sides of a pair. Reported per configuration: the median tokens per
+second of each side and the geometric mean of the paired ratios (current / baseline) with
+a bootstrap 95% interval.
 
     python benchmarks/engine_guard.py --baseline /path/to/older/checkout [--rounds 3]
 
@@ -22,6 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from paired import geomean_interval
 
 HERE = Path(__file__).resolve().parents[1]
 METHODS = ("ar", "token", "block")
@@ -34,12 +40,12 @@ PROMPTS = (
 )
 
 
-def _worker(side: str, tokens: int, gamma: int, temperature: float) -> dict[str, float]:
-    """Tokens per second of each configuration on this side (run inside its process)."""
+def _serve(side: str, tokens: int, gamma: int, temperature: float) -> None:
+    """Worker loop: load the pair once, then time each unit named on stdin."""
     import torch
 
     torch.manual_seed(0)
-    api = __import__("verispec.api", fromlist=["generate"])
+    api: Any = __import__("verispec.api", fromlist=["generate"])
     if side == "current":
         from verispec.models.loading import load_transformers
 
@@ -53,36 +59,52 @@ def _worker(side: str, tokens: int, gamma: int, temperature: float) -> dict[str,
         draft = load_model("qwen2.5-coder-0.5b-instruct", dtype="float32")
         name = "verifier"
     ids = [target.tokenizer.encode(p) for p in PROMPTS]
-    out: dict[str, float] = {}
     api.generate(target, draft, ids[0], **{name: "block"}, gamma=gamma, max_new_tokens=8,
                  temperature=temperature)  # warm-up
-    for method in METHODS:
-        made, spent = 0, 0.0
-        for i, prompt in enumerate(ids):
-            start = time.perf_counter()
-            result = api.generate(target, draft, prompt, **{name: method},
+    print(json.dumps({"ready": side}), flush=True)
+    for line in sys.stdin:
+        unit = json.loads(line)
+        start = time.perf_counter()
+        if unit["method"] == "batch":
+            batch = api.generate_batch(target, draft, ids[:BATCH], **{name: "block"},
+                                       gamma=gamma, temperature=temperature,
+                                       seeds=list(range(BATCH)), max_new_tokens=tokens,
+                                       batch_size=BATCH)
+            made = sum(len(r.tokens) for r in batch.results)
+        else:
+            i, method = unit["prompt"], unit["method"]
+            result = api.generate(target, draft, ids[i], **{name: method},
                                   gamma=None if method == "ar" else gamma,
                                   temperature=temperature, seed=i, max_new_tokens=tokens)
-            spent += time.perf_counter() - start
-            made += len(result.tokens)
-        out[method] = made / spent
-    start = time.perf_counter()
-    batch = api.generate_batch(target, draft, ids[:BATCH], **{name: "block"}, gamma=gamma,
-                               temperature=temperature, seeds=list(range(BATCH)),
-                               max_new_tokens=tokens, batch_size=BATCH)
-    out[f"block B={BATCH}"] = sum(len(r.tokens) for r in batch.results) / (
-        time.perf_counter() - start)
-    return out
+            made = len(result.tokens)
+        print(json.dumps({"tokens": made, "seconds": time.perf_counter() - start}), flush=True)
 
 
-def _run_side(side: str, src: Path, args: argparse.Namespace) -> dict[str, float]:
+def _start(side: str, src: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, __file__, "--worker", side, "--tokens", str(args.tokens),
            "--gamma", str(args.gamma), "--temperature", str(args.temperature)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    _read(proc, side)
+    return proc
+
+
+def _read(proc: subprocess.Popen[str], side: str) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"the {side} worker stopped (exit {proc.wait()})")
+    return json.loads(line)
+
+
+def _time(proc: subprocess.Popen[str], side: str, unit: dict[str, Any]) -> float:
+    """Tokens per second of one unit on one side."""
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(unit) + "\n")
+    proc.stdin.flush()
+    done = _read(proc, side)
+    return done["tokens"] / done["seconds"]
 
 
 def main() -> None:
@@ -95,23 +117,35 @@ def main() -> None:
     p.add_argument("--worker", choices=["current", "baseline"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.worker, args.tokens, args.gamma, args.temperature)))
+        _serve(args.worker, args.tokens, args.gamma, args.temperature)
         return
     if args.baseline is None:
         p.error("--baseline is required")
-    sides = {"baseline": args.baseline.resolve() / "src", "current": HERE / "src"}
-    runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    srcs = {"baseline": args.baseline.resolve() / "src", "current": HERE / "src"}
+    procs = {side: _start(side, src, args) for side, src in srcs.items()}
+    units = [{"method": m, "prompt": i} for m in METHODS for i in range(len(PROMPTS))]
+    units.append({"method": "batch"})
+    speeds: dict[str, dict[str, list[float]]] = {s: {} for s in procs}
+    flip = 0
     for r in range(args.rounds):
-        for side in (("baseline", "current") if r % 2 == 0 else ("current", "baseline")):
-            runs[side].append(_run_side(side, sides[side], args))
-            print(f"round {r + 1} {side}: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in runs[side][-1].items()), file=sys.stderr, flush=True)
-    print("| configuration | baseline tok/s | current tok/s | current / baseline |\n"
-          "|---|---|---|---|")
-    for key in runs["current"][0]:
-        base = statistics.median(x[key] for x in runs["baseline"])
-        cur = statistics.median(x[key] for x in runs["current"])
-        print(f"| {key} | {base:.2f} | {cur:.2f} | {cur / base:.3f} |")
+        for unit in units:
+            key = f"block B={BATCH}" if unit["method"] == "batch" else unit["method"]
+            order = ("baseline", "current") if flip % 2 == 0 else ("current", "baseline")
+            flip += 1
+            for side in order:
+                speeds[side].setdefault(key, []).append(_time(procs[side], side, unit))
+        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
+    for proc in procs.values():
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+    print("| configuration | baseline tok/s | current tok/s | current / baseline "
+          "(paired, 95% interval) |\n|---|---|---|---|")
+    for key, base in speeds["baseline"].items():
+        cur = speeds["current"][key]
+        mean, lo, hi = geomean_interval([c / b for c, b in zip(cur, base)])
+        print(f"| {key} | {statistics.median(base):.2f} | {statistics.median(cur):.2f} | "
+              f"{mean:.3f} [{lo:.3f}, {hi:.3f}] |")
 
 
 if __name__ == "__main__":

@@ -153,6 +153,19 @@ def test_second_call_uses_cache(env: dict[str, Any]) -> None:
     assert env["installer"].calls == 2
 
 
+def test_eos_list_written_and_repaired(env: dict[str, Any]) -> None:
+    out = F.fetch("fake-model")
+    gen = out / "generation_config.json"
+    assert json.loads(gen.read_text())["eos_token_id"] == [151645, 151643]
+    # a directory converted with the GGUF's single EOS id is repaired on the next call,
+    # keeping the file's other fields and without converting again
+    gen.write_text(json.dumps({"eos_token_id": 151645, "pad_token_id": 151643}))
+    F.fetch("fake-model")
+    assert json.loads(gen.read_text()) == {"eos_token_id": [151645, 151643],
+                                           "pad_token_id": 151643}
+    assert env["converter"].calls == 1
+
+
 def test_incomplete_dir_is_redone(env: dict[str, Any]) -> None:
     final = env["cache"] / "fake-model"
     final.mkdir(parents=True)

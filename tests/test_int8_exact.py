@@ -27,7 +27,7 @@ from verispec.engine.loop import Engine
 from verispec.engine.request import Request
 from verispec.methods import build_method
 from verispec.models.native import NativeCausalLM, from_hf_module
-from verispec.models.native.linear import Int8Linear, int8_available
+from verispec.models.native.linear import Int8Linear, int4_available, int8_available
 from verispec.sampling import Randomness, Sampling, warp_rows
 from verispec.theory.exact import tv_distance
 from verispec.theory.replay import engine_law, marginal
@@ -87,6 +87,17 @@ def test_int8_engine_law_is_the_int8_target_law(pair: tuple[NativeCausalLM, Nati
                                                 reference: Law, method: str) -> None:
     law = engine_run_law(*pair, method, GAMMA.get(method, 2))
     assert abs(sum(law.values()) - 1) < FLOAT32_ROUNDING
+    assert tv_distance(law, reference) < FLOAT32_ROUNDING
+
+
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_int4_draft_keeps_the_int8_target_law(pair: tuple[NativeCausalLM, NativeCausalLM],
+                                              reference: Law, method: str) -> None:
+    """A weight-only int4 draft (bfloat16 activations, pass-dependent rounding) leaves the
+    law the int8 target's: q is recorded in the pass that drew each draft token."""
+    draft = from_hf_module(make_tiny_model(seed=41), TinyTokenizer(), "draft-int4", "int4")
+    law = engine_run_law(pair[0], draft, method, 2)
     assert tv_distance(law, reference) < FLOAT32_ROUNDING
 
 

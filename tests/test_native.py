@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from verispec.models.native import (
     load_native,
 )
 from verispec.models.timing import pass_costs
-from verispec.models.native.linear import int8_available
+from verispec.models.native.linear import Int4Linear, int4_available, int8_available
 
 CACHE = Path(os.environ.get("VERISPEC_CACHE", "~/.cache/verispec")).expanduser()
 REAL_TARGET = CACHE / "qwen2.5-coder-1.5b-instruct"
@@ -328,8 +329,40 @@ def test_bad_precisions_are_refused(module: Any, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="CPU"):
         from_hf_module(module, None, "x", "int8", device="meta")
     with pytest.raises(ValueError, match="precision must be one of"):
-        resolve_precision("int4", torch.device("cpu"))
-    assert PRECISIONS == ("auto", "float32", "bfloat16", "int8")
+        resolve_precision("int2", torch.device("cpu"))
+    assert PRECISIONS == ("auto", "float32", "bfloat16", "int8", "int4")
+
+
+def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="draft-only"):
+        resolve_precision("int4", cpu)
+    with pytest.raises(ValueError, match="role must be one of"):
+        resolve_precision("float32", cpu, "verifier")
+    module.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="draft-only"):
+        load_model(str(tmp_path), precision="int4")
+    if int4_available() and platform.machine().lower() in ("x86_64", "amd64"):
+        draft = load_model(str(tmp_path), precision="int4", role="draft")
+        assert isinstance(draft, NativeCausalLM) and draft.precision == "int4"
+
+
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
+def test_int4_linear_is_its_dequantized_matrix() -> None:
+    torch.manual_seed(0)
+    w, x = torch.randn(96, 128), torch.randn(5, 128)  # [N, K], [M, K]
+    lin = Int4Linear(w)
+    # dequantize the stored codes: Ŵ = (code − 8) · s + z per group of 64 input channels
+    lo = w.view(96, 2, 64).amin(-1)  # [N, G]
+    scale = ((w.view(96, 2, 64).amax(-1) - lo) / 15).clamp_min(1e-8)
+    codes = torch.round((w.view(96, 2, 64) - lo[..., None]) / scale[..., None]).clamp(0, 15)
+    s, z = lin.scales[..., 0].T.float(), lin.scales[..., 1].T.float()  # [N, G] as stored
+    deq = ((codes - 8) * s[..., None] + z[..., None]).view(96, 128)
+    ref = x.bfloat16().float() @ deq.T  # [M, N]
+    out = lin(x)
+    assert out.shape == (5, 96) and out.dtype == torch.float32
+    assert (out - ref).abs().max() <= 1e-2 * ref.abs().max()  # bfloat16 output rounding
+    assert (deq - w).abs().max() <= 0.5 * scale.max() + 0.05  # within half a step (+ bf16)
 
 
 def test_resolve_precision(monkeypatch: pytest.MonkeyPatch) -> None:

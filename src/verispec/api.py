@@ -100,7 +100,8 @@ def load_pair(target: str | CausalLM, draft: str | CausalLM | None, *, needs_dra
     if draft is None:
         raise ValueError("this method drafts with a draft model; give one")
     if isinstance(draft, str):
-        draft = load_model(draft, precision=draft_precision or precision, progress=progress)
+        draft = load_model(draft, precision=draft_precision or precision, progress=progress,
+                           role="draft")
     check_compatible(target, draft)
     return Pair(target, draft)
 

@@ -37,8 +37,9 @@ peers' at the same seed.
 
 Differences from the other peers to keep in mind: llama.cpp stops at *every*
 end-of-generation token of the GGUF's vocabulary (for the embedded Qwen2.5 pair
-``<|im_end|>`` 151645 and also ``<|endoftext|>`` 151643, ``<|fim_pad|>``, ``<|repo_name|>``,
-``<|file_sep|>`` 151662-151664 and ``</s>`` 128247, which verispec's EOS list does not hold;
+``<|im_end|>`` 151645 and ``<|endoftext|>`` 151643, as verispec does, and also
+``<|fim_pad|>``, ``<|repo_name|>``, ``<|file_sep|>`` 151662-151664 and ``</s>`` 128247,
+which verispec's EOS list does not hold;
 it cannot be told otherwise without changing the sampling law) and its example may overrun
 the budget by a round; the tokens returned are cut at the budget and at the first EOS of the
 given list, and the time is llama.cpp's own "encoded" + "decoded" time (prompt prefill of
@@ -114,8 +115,9 @@ PEERS = ("llamacpp-ar", "llamacpp-spec")
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 """The version pinned by verispec's ``peers`` extra (also the source of the example build)."""
 
-DEFAULT_EOS = (151645,)
-"""EOS ids of the embedded target (``<|im_end|>``); pass the target's ``eos_token_ids``."""
+DEFAULT_EOS = (151645, 151643)
+"""EOS ids of the embedded target (``<|im_end|>``, ``<|endoftext|>``); pass the target's
+``eos_token_ids``."""
 
 PIP_CMAKE_FLAGS = (
     "-DGGML_NATIVE=ON",

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     target = load_model(args.target, precision=args.precision, progress=log)
-    draft = load_model(args.draft, precision=args.precision, progress=log)
+    draft = load_model(args.draft, precision=args.precision, progress=log, role="draft")
     encoded = [list(target.tokenizer.encode(p)) for p in _prompts(args.prompts)]  # type: ignore[attr-defined]
     results: dict[str, Any] = {"threads_main": torch.get_num_threads(), "runs": {},
                                "precision": [target.precision, draft.precision]}

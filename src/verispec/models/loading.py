@@ -1,8 +1,8 @@
 """Loading models by name: embedded defaults, local directories, hub ids and toy specs.
 
-One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16`` or ``int8``
-(:func:`resolve_precision` says what ``auto`` picks here and why). Qwen2/Llama-family
-checkpoints run on the native runtime (:mod:`verispec.models.native`), whose int8 weights
+One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16``, ``int8`` or, for a
+draft, ``int4`` (:func:`resolve_precision` says what ``auto`` picks here and why).
+Qwen2/Llama-family checkpoints run on the native runtime (:mod:`verispec.models.native`), whose int8 weights
 are cached next to the float weights; other architectures run through transformers
 (:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
 """
@@ -30,7 +30,8 @@ __all__ = [
     "resolve_precision",
 ]
 
-PRECISIONS = ("auto", "float32", "bfloat16", "int8")
+PRECISIONS = ("auto", "float32", "bfloat16", "int8", "int4")
+ROLES = ("target", "draft")
 
 
 class IncompatibleModelsError(ValueError):
@@ -64,15 +65,41 @@ def _int8_missing(device: torch.device) -> str | None:
     return None
 
 
-def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
-    """(precision, a sentence saying why) for ``auto|float32|bfloat16|int8`` on ``device``.
+def _int4_missing(device: torch.device) -> str | None:
+    """Why weight-only int4 cannot run on ``device`` (None: it can)."""
+    if device.type != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"int4 runs on x86 CPUs only, not on {device} ({platform.machine()})"
+    from verispec.models.native.linear import int4_available
 
-    ``auto``: int8 on an x86 CPU with VNNI and PyTorch's int8 kernels; bfloat16 on CUDA with bf16 support
-    or a CPU with native bf16 instructions; float32 otherwise. Raises ValueError for an
-    unknown precision and for int8 where the kernels are missing.
+    if not int4_available():
+        return "int4 needs PyTorch's CPU int4 kernel, absent from this torch build"
+    return None
+
+
+def resolve_precision(precision: str, device: torch.device,
+                      role: str = "target") -> tuple[str, str]:
+    """(precision, a sentence saying why) for ``auto|float32|bfloat16|int8|int4`` on
+    ``device``, for a model in ``role`` (``target`` or ``draft``).
+
+    ``auto``: int8 on an x86 CPU with VNNI and PyTorch's int8 kernels; bfloat16 on CUDA
+    with bf16 support or a CPU with native bf16 instructions; float32 otherwise. ``int4`` (weight-only) is for drafts only:
+    its rounding may depend on how many tokens a pass scores, which a draft may do (q is
+    recorded in the pass that drew each token) and a target may not. Raises ValueError
+    for an unknown precision or role, for int4 on a target and where kernels are missing.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    if precision == "int4":
+        if role == "target":
+            raise ValueError("int4 is a draft-only precision (a target's distribution must not "
+                             "depend on how many tokens a pass scores); use int8 for the target "
+                             "and --draft-precision int4")
+        missing = _int4_missing(device)
+        if missing:
+            raise ValueError(f"{missing}; use --draft-precision int8, bfloat16 or float32")
+        return "int4", "int4 (requested)"
     if precision == "int8":
         missing = _int8_missing(device)
         if missing:
@@ -120,11 +147,13 @@ def load_model(
     precision: str = "auto",
     device: torch.device | None = None,
     progress: Callable[[str], None] | None = None,
+    role: str = "target",
 ) -> CausalLM:
     """Load a model from an embedded name, a local directory, a hub id or a toy spec.
 
-    ``precision``: one of :data:`PRECISIONS` (see :func:`resolve_precision`). Toy models
-    compute in exact float64 and take ``auto`` (or ``float64``) only. int8 runs on the CPU
+    ``precision``: one of :data:`PRECISIONS` (see :func:`resolve_precision`); ``role``:
+    ``target`` or ``draft`` (``int4`` is allowed for a draft only). Toy models compute in
+    exact float64 and take ``auto`` (or ``float64``) only. int8 and int4 run on the CPU
     (``device`` is then ignored unless it names another device, which is an error).
     """
     if spec.startswith("toy:"):
@@ -134,10 +163,10 @@ def load_model(
         return _toy(spec)
     if precision not in PRECISIONS:  # refuse before fetching anything
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "int8" and device is None:
+    if precision in ("int8", "int4") and device is None:
         device = torch.device("cpu")
     device = device or default_device()
-    name, reason = resolve_precision(precision, device)
+    name, reason = resolve_precision(precision, device, role)
 
     from verispec.models.fetch import resolve
 
@@ -165,12 +194,11 @@ def load_model(
         if progress:
             progress(f"loading {spec} from {path}: {reason}, native runtime")
         return load_native(path, name, device=device, name=label, progress=progress)
-    if name == "int8":
-        if precision == "int8":
+    if name in ("int8", "int4"):
+        if precision == name:
             raise ValueError(
-                f"int8 needs a Qwen2/Llama-family model (per-token activation scales in the "
-                f"native runtime); {spec} is {config.get('model_type')!r}: use bfloat16 or "
-                "float32")
+                f"{name} needs a Qwen2/Llama-family model (the native runtime); {spec} is "
+                f"{config.get('model_type')!r}: use bfloat16 or float32")
         name, reason = _auto_float(device)
     return _load_transformers(spec, location, label, name, reason, device, progress)
 

@@ -1,5 +1,6 @@
 """The native Qwen2/Llama-family runtime: a compact decoder over a preallocated KV cache,
-in float32, bfloat16 or (x86 CPU) int8 with per-token activation scales.
+in float32, bfloat16 or (x86 CPU) int8 with per-token activation scales, and, for drafts,
+weight-only int4.
 
 * :func:`load_native` — from a Hugging Face directory (the int8 weights are cached on disk);
 * :func:`from_hf_module` — from an in-memory transformers ``*ForCausalLM`` module.
@@ -17,12 +18,13 @@ from typing import Any
 import torch
 
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
-from verispec.models.native.linear import int8_available
+from verispec.models.native.linear import int4_available, int8_available
 from verispec.models.native.lm import NativeCausalLM
 from verispec.models.native.model import Transformer
 from verispec.models.native.weights import (
     INT8_CACHE_FILE,
     build_dense,
+    build_int4,
     build_int8,
     dir_tensors,
     int8_state,
@@ -44,7 +46,7 @@ __all__ = [
     "native_supports",
 ]
 
-NATIVE_PRECISIONS = ("float32", "bfloat16", "int8")
+NATIVE_PRECISIONS = ("float32", "bfloat16", "int8", "int4")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -57,6 +59,9 @@ def _check(precision: str, device: torch.device) -> None:
     if precision not in NATIVE_PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(NATIVE_PRECISIONS)}, "
                          f"got {precision!r}")
+    if precision == "int4":
+        if device.type != "cpu" or not int4_available():
+            raise ValueError(f"int4 needs PyTorch's CPU int4 kernel; not available on {device}")
     if precision == "int8":
         if device.type != "cpu":
             raise ValueError(f"int8 runs on the CPU only (oneDNN / fbgemm kernels), not on "
@@ -93,6 +98,8 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     with torch.no_grad():
         if precision == "int8":
             net = build_int8(config, int8_state(config, get))
+        elif precision == "int4":
+            net = build_int4(config, get)
         else:
             net = build_dense(config, get, DTYPES[precision], dev)
     eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
@@ -135,6 +142,8 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                         say(f"saved {file} ({file.stat().st_size / 2**30:.2f} GiB)")
                     except OSError as e:
                         say(f"could not cache the int8 weights in {path}: {e}")
+        elif precision == "int4":
+            net = build_int4(config, dir_tensors(path))
         else:
             net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
     say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")

@@ -1,7 +1,7 @@
-"""The two kinds of linear layer the native model runs: dense (float32 / bfloat16, any
-device) and int8 (x86 CPU).
+"""The kinds of linear layer the native model runs: dense (float32 / bfloat16, any
+device), int8 (x86 CPU) and, for drafts, weight-only int4 (x86 CPU).
 
-Both offer the two shapes a decoder layer needs:
+All offer the two shapes a decoder layer needs:
 
 * ``layer(x)`` — ``linear(rmsnorm(x))`` when the layer owns the RMSNorm in front of it
   (q/k/v, gate/up, lm_head), plain ``linear(x)`` otherwise;
@@ -34,7 +34,8 @@ from torch import Tensor
 
 import verispec.models.native.onednn as onednn
 
-__all__ = ["DenseLinear", "Int8Linear", "default_kernel", "int8_available", "quantize_weight"]
+__all__ = ["DenseLinear", "Int4Linear", "Int8Linear", "default_kernel", "int4_available",
+           "int8_available", "quantize_weight"]
 
 X_SCALE = 1.0 / 127.0  # activations after division by their row max-abs lie in [-1, 1]
 X_ZERO = 128  # uint8 zero point: -1 -> 1, 0 -> 128, +1 -> 255
@@ -194,3 +195,59 @@ class Int8Linear:
         y, s = self._scaled(x)
         out = torch.addcmul(residual, y, s)
         return out if self.bias is None else out.add_(self.bias)
+
+
+INT4_GROUPS = (64, 32)  # input channels sharing one int4 scale and offset (first that divides)
+INT4_TILES = 2  # inner k-tiles of the CPU int4 packing
+
+
+def int4_available() -> bool:
+    """This torch has the CPU int4 weight-only matmul (``_weight_int4pack_mm_for_cpu``)."""
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+class Int4Linear:
+    """Weight-only int4 (x86 CPU): y = x @ Ŵ^T + b with bfloat16 activations, where
+    Ŵ = (w4 − 8) · s + z per group of 64 (or 32) input channels (w4 in 0..15).
+
+    The activations keep their floating-point values (no activation quantization), so
+    there is no per-token scale question; but the kernel's rounding may depend on how
+    many rows a pass holds, so int4 is for the **draft** only: a drafted token's q is the
+    distribution computed in the pass that drew it, whatever the pass, while the target's
+    distribution must not depend on the pass.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, norm: Tensor | None = None,
+                 eps: float = 1e-6) -> None:
+        w = weight.float()  # [N, K]
+        n, k = w.shape
+        group = next((g for g in INT4_GROUPS if k % g == 0), None)
+        if group is None:
+            raise ValueError(f"int4 needs input widths divisible by {INT4_GROUPS[-1]}, got {k}")
+        self.group = group
+        groups = w.view(n, k // group, group)  # [N, G, g]
+        lo, hi = groups.amin(-1), groups.amax(-1)  # [N, G]
+        scale = ((hi - lo) / 15.0).clamp_min(1e-8)  # [N, G]
+        codes = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32).view(n, k), INT4_TILES)  # [N, K / 2] uint8
+        # [G, N, 2]: scale and the value of code 8 per group
+        self.scales = torch.stack([scale.T, (lo + 8.0 * scale).T], -1).to(
+            torch.bfloat16).contiguous()
+        self.bias = None if bias is None else bias.float().contiguous()  # [N]
+        self.norm = None if norm is None else norm.float().contiguous()  # [K]
+        self.eps = eps
+        self.out_features, self.in_features = n, k
+
+    def _linear(self, x: Tensor) -> Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), self.packed, self.group, self.scales).float()  # [M, N]
+        return y if self.bias is None else y.add_(self.bias)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.norm is not None:
+            x = F.rms_norm(x, (self.in_features,), self.norm, self.eps)
+        return self._linear(x)
+
+    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        return residual + self._linear(x)

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verispec.models.native.config import NativeConfig
-from verispec.models.native.linear import DenseLinear, Int8Linear
+from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
 
-__all__ = ["Block", "Step", "Transformer"]
+__all__ = ["Block", "Linear", "Step", "Transformer"]
 
-Linear = DenseLinear | Int8Linear
+Linear = DenseLinear | Int4Linear | Int8Linear
 
 
 @dataclass

@@ -4,6 +4,8 @@ Sources: a Hugging Face directory (``config.json`` and ``*.safetensors``, sharde
 read one tensor at a time, or an in-memory transformers module. Fusions made here: q/k/v
 into one matrix, gate/up into one matrix.
 
+Int4 (draft only): every linear layer becomes weight-only int4, quantized at load time.
+
 Int8: every linear layer, lm_head included, becomes int8 with per-output-channel scales;
 the embedding is stored as float16 (only the looked-up rows are read). The quantized state
 is saved as ``<model dir>/verispec-int8.safetensors`` (written under a temporary name and
@@ -24,12 +26,13 @@ from torch import Tensor
 
 import verispec.models.native.onednn as onednn
 from verispec.models.native.config import NativeConfig
-from verispec.models.native.linear import DenseLinear, Int8Linear, quantize_weight
-from verispec.models.native.model import Block, Transformer
+from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear, quantize_weight
+from verispec.models.native.model import Block, Linear, Transformer
 
 __all__ = [
     "INT8_CACHE_FILE",
     "build_dense",
+    "build_int4",
     "build_int8",
     "dir_tensors",
     "int8_state",
@@ -153,6 +156,21 @@ def build_dense(c: NativeConfig, get: Getter, dtype: torch.dtype,
     embed = put(embed)  # type: ignore[assignment]
     head_lin = DenseLinear(embed if tied else put(head), None, put(norm), c.norm_eps)  # type: ignore[arg-type]
     return Transformer(c, embed, blocks, head_lin, dtype=dtype, device=device)
+
+
+def build_int4(c: NativeConfig, get: Getter) -> Transformer:
+    """float32 weights, then every linear layer (lm_head included) as weight-only int4
+    (:class:`~verispec.models.native.linear.Int4Linear`; a draft-only format)."""
+    net = build_dense(c, get, torch.float32, torch.device("cpu"))
+
+    def four(lin: Linear) -> Int4Linear:
+        assert isinstance(lin, DenseLinear)
+        return Int4Linear(lin.weight, lin.bias, lin.norm, lin.eps)
+
+    for b in net.blocks:
+        b.qkv, b.o, b.gate_up, b.down = four(b.qkv), four(b.o), four(b.gate_up), four(b.down)
+    net.head = four(net.head)
+    return net
 
 
 # -- int8 ----------------------------------------------------------------------------------------
