@@ -95,15 +95,21 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     _check(precision, dev)
     config = NativeConfig.from_hf(module.config)
     get = module_tensors(module)
+    prefill = None
     with torch.no_grad():
-        if precision == "int8":
-            net = build_int8(config, int8_state(config, get))
-        elif precision == "int4":
+        if precision in ("int8", "int4") and (precision == "int8" or int8_available()):
+            prefill = build_int8(config, int8_state(config, get))
+        if precision == "int4":
             net = build_int4(config, get)
+            if prefill is not None:
+                prefill.attention_dtype = net.attention_dtype  # one cache for both
+        elif precision == "int8":
+            net, prefill = prefill, None  # type: ignore[assignment]
         else:
             net = build_dense(config, get, DTYPES[precision], dev)
     eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
-    return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision)
+    return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision,
+                          prefill_net=prefill)
 
 
 def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
@@ -124,26 +130,15 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     config = NativeConfig.from_hf(config_dict)
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
+    prefill = None
     with torch.no_grad():
         if precision == "int8":
-            net = None
-            state = load_int8_cache(path) if cache else None
-            if state is not None:
-                try:
-                    net = build_int8(config, state)
-                except RuntimeError as e:  # packed weights this torch cannot rebuild
-                    say(f"ignoring {INT8_CACHE_FILE}: {e}")
-            if net is None:
-                say(f"quantizing {path.name} to int8 (once; cached as {INT8_CACHE_FILE})")
-                net = build_int8(config, int8_state(config, dir_tensors(path), progress))
-                if cache:
-                    try:
-                        file = save_int8_cache(path, packed_state(net))
-                        say(f"saved {file} ({file.stat().st_size / 2**30:.2f} GiB)")
-                    except OSError as e:
-                        say(f"could not cache the int8 weights in {path}: {e}")
+            net = _int8_net(path, config, cache, say, progress)
         elif precision == "int4":
             net = build_int4(config, dir_tensors(path))
+            if int8_available():  # prompts are read faster by the int8 kernel
+                prefill = _int8_net(path, config, cache, say, progress)
+                prefill.attention_dtype = net.attention_dtype  # one cache for both
         else:
             net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
     say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")
@@ -155,4 +150,24 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     return NativeCausalLM(net, tokenizer, name or path.name,
                           eos_token_ids=_eos(generation, tokenizer, config_dict),
-                          precision=precision, source=str(path))
+                          precision=precision, source=str(path), prefill_net=prefill)
+
+
+def _int8_net(path: Path, config: NativeConfig, cache: bool, say: Callable[[str], None],
+              progress: Callable[[str], None] | None) -> Transformer:
+    """The int8 model of ``path``, from its cache file when valid (else made and cached)."""
+    state = load_int8_cache(path) if cache else None
+    if state is not None:
+        try:
+            return build_int8(config, state)
+        except RuntimeError as e:  # packed weights this torch cannot rebuild
+            say(f"ignoring {INT8_CACHE_FILE}: {e}")
+    say(f"quantizing {path.name} to int8 (once; cached as {INT8_CACHE_FILE})")
+    net = build_int8(config, int8_state(config, dir_tensors(path), progress))
+    if cache:
+        try:
+            file = save_int8_cache(path, packed_state(net))
+            say(f"saved {file} ({file.stat().st_size / 2**30:.2f} GiB)")
+        except OSError as e:
+            say(f"could not cache the int8 weights in {path}: {e}")
+    return net

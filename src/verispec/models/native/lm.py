@@ -45,10 +45,14 @@ class NativeCausalLM(CausalLM):
 
     def __init__(self, net: Transformer, tokenizer: Any = None, name: str = "native", *,
                  eos_token_ids: frozenset[int] = frozenset(), max_length: int | None = None,
-                 precision: str = "float32", source: str | None = None) -> None:
+                 precision: str = "float32", source: str | None = None,
+                 prefill_net: Transformer | None = None) -> None:
         super().__init__()
         self.source = source  # the directory it was loaded from (None: built in memory)
         self.net = net
+        # reads prompts in ``add_rows`` when set (an int4 draft prefills with its int8 form,
+        # whose kernel is faster over many rows; its keys and values fill the same cache)
+        self.prefill_net = prefill_net
         self.tokenizer = tokenizer
         self.name = name
         self.vocab_size = net.config.vocab_size
@@ -61,7 +65,8 @@ class NativeCausalLM(CausalLM):
     def spawn(self) -> NativeCausalLM:
         return NativeCausalLM(self.net, self.tokenizer, self.name,
                               eos_token_ids=self.eos_token_ids, max_length=self.max_length,
-                              precision=self.precision, source=self.source)
+                              precision=self.precision, source=self.source,
+                              prefill_net=self.prefill_net)
 
     def reset(self) -> None:
         self._keys: list[Tensor] = []  # per layer [R, Hkv, L, D]
@@ -113,12 +118,13 @@ class NativeCausalLM(CausalLM):
                 new[:old, :, : self._clean] = cur[:, :, : self._clean]
                 new[:old, :, self._clean: clean].zero_()
         self.net.rope(capacity)
+        net = self.prefill_net or self.net
         for r, prefix in enumerate(prefixes, start=old):  # one exact single-row prefill each
             if prefix:
                 ids = torch.tensor([prefix], dtype=torch.int64, device=self.device)  # [1, k]
-                step = self.net.step([0], [len(prefix)], None)
-                self.net.forward(ids, step, [t[r: r + 1] for t in keys],
-                                 [t[r: r + 1] for t in values], logits=False)
+                step = net.step([0], [len(prefix)], None)
+                net.forward(ids, step, [t[r: r + 1] for t in keys],
+                            [t[r: r + 1] for t in values], logits=False)
             for t in keys + values:
                 t[r, :, len(prefix): clean].zero_()
         self._keys, self._values, self._capacity = keys, values, capacity
