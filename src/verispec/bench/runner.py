@@ -32,8 +32,13 @@ import torch
 from verispec.api import generate_batch
 from verispec.bench.grid import Config, expand_grid, parse_method
 from verispec.bench.lawcheck import token_terms
-from verispec.bench.measure import machine_description
-from verispec.bench.measure import MemoryMeter, derive_seed, rescore, score_nll
+from verispec.bench.measure import (
+    MemoryMeter,
+    derive_seed,
+    machine_description,
+    rescore,
+    score_nll,
+)
 from verispec.bench.metrics import summarize
 from verispec.bench.llamacpp import run_llamacpp
 from verispec.bench.peers import run_peer

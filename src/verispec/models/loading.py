@@ -2,9 +2,9 @@
 
 One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16``, ``int8`` or, for a
 draft, ``int4`` (:func:`resolve_precision` says what ``auto`` picks here and why).
-Qwen2/Llama-family checkpoints run on the native runtime (:mod:`verispec.models.native`), whose int8 weights
-are cached next to the float weights; other architectures run through transformers
-(:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
+Qwen2/Llama-family checkpoints run on the native runtime (:mod:`verispec.models.native`),
+whose int8 weights are cached next to the float weights; other architectures run through
+transformers (:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
 """
 
 from __future__ import annotations
@@ -50,12 +50,20 @@ def _cpu_has_fast_bf16() -> bool:
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+def _x86_missing(device: torch.device, precision: str) -> str | None:
+    """Why ``device`` is not the x86 CPU that ``precision`` runs on (None: it is)."""
+    if device.type != "cpu":
+        return f"{precision} runs on x86 CPUs only, not on {device}"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"{precision} needs an x86-64 CPU (this one is {platform.machine()})"
+    return None
+
+
 def _int8_missing(device: torch.device) -> str | None:
     """Why int8 cannot run on ``device`` (None: it can)."""
-    if device.type != "cpu":
-        return f"int8 runs on x86 CPUs only, not on {device}"
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"int8 needs an x86-64 CPU (this one is {platform.machine()})"
+    missing = _x86_missing(device, "int8")
+    if missing:
+        return missing
     if not _cpu_flags() & {"avx512_vnni", "avx_vnni"}:
         return "int8 needs a CPU with VNNI instructions (avx512_vnni or avx_vnni)"
     from verispec.models.native.linear import int8_available
@@ -67,8 +75,9 @@ def _int8_missing(device: torch.device) -> str | None:
 
 def _int4_missing(device: torch.device) -> str | None:
     """Why weight-only int4 cannot run on ``device`` (None: it can)."""
-    if device.type != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"int4 runs on x86 CPUs only, not on {device} ({platform.machine()})"
+    missing = _x86_missing(device, "int4")
+    if missing:
+        return missing
     from verispec.models.native.linear import int4_available
 
     if not int4_available():
@@ -82,10 +91,11 @@ def resolve_precision(precision: str, device: torch.device,
     ``device``, for a model in ``role`` (``target`` or ``draft``).
 
     ``auto``: int8 on an x86 CPU with VNNI and PyTorch's int8 kernels; bfloat16 on CUDA
-    with bf16 support or a CPU with native bf16 instructions; float32 otherwise. ``int4`` (weight-only) is for drafts only:
-    its rounding may depend on how many tokens a pass scores, which a draft may do (q is
-    recorded in the pass that drew each token) and a target may not. Raises ValueError
-    for an unknown precision or role, for int4 on a target and where kernels are missing.
+    with bf16 support or a CPU with native bf16 instructions; float32 otherwise. ``int4``
+    (weight-only) is for drafts only: its rounding may depend on how many tokens a pass
+    scores, which a draft may do (q is recorded in the pass that drew each token) and a
+    target may not. Raises ValueError for an unknown precision or role, for int4 on a
+    target and where kernels are missing.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")

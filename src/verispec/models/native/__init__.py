@@ -97,14 +97,12 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     get = module_tensors(module)
     prefill = None
     with torch.no_grad():
-        if precision in ("int8", "int4") and (precision == "int8" or int8_available()):
-            prefill = build_int8(config, int8_state(config, get))
-        if precision == "int4":
+        if precision == "int8":
+            net = build_int8(config, int8_state(config, get))
+        elif precision == "int4":
             net = build_int4(config, get)
-            if prefill is not None:
-                prefill.attention_dtype = net.attention_dtype  # one cache for both
-        elif precision == "int8":
-            net, prefill = prefill, None  # type: ignore[assignment]
+            if int8_available():  # prompts are read faster by the int8 kernel
+                prefill = build_int8(config, int8_state(config, get))
         else:
             net = build_dense(config, get, DTYPES[precision], dev)
     eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
@@ -138,7 +136,6 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
             net = build_int4(config, dir_tensors(path))
             if int8_available():  # prompts are read faster by the int8 kernel
                 prefill = _int8_net(path, config, cache, say, progress)
-                prefill.attention_dtype = net.attention_dtype  # one cache for both
         else:
             net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
     say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")

@@ -51,7 +51,10 @@ class NativeCausalLM(CausalLM):
         self.source = source  # the directory it was loaded from (None: built in memory)
         self.net = net
         # reads prompts in ``add_rows`` when set (an int4 draft prefills with its int8 form,
-        # whose kernel is faster over many rows; its keys and values fill the same cache)
+        # whose kernel is faster over many rows); it writes ``net``'s cache, so it attends
+        # in that cache's dtype (its own net object, never shared with a decoding model)
+        if prefill_net is not None:
+            prefill_net.attention_dtype = net.attention_dtype
         self.prefill_net = prefill_net
         self.tokenizer = tokenizer
         self.name = name
