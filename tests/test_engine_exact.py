@@ -156,11 +156,47 @@ def test_replay_visits_every_path_once() -> None:
     assert isinstance(Randomness(gen).choose(torch.tensor([[0.5, 0.5]])), Tensor)
 
 
+def _auto_costs(draft_prefill: float = 0.0) -> PassCosts:
+    return PassCosts(target={1: 1.0, 2: 1.1, 4: 1.25, 8: 1.9, 16: 3.4}, draft=0.35,
+                     draft_prefill=draft_prefill)
+
+
+#: A draft prefill cost at which a 5-token prompt with a budget of 4 decodes its first token
+#: without the draft (reading 5 × 0.045 s > 0.094 s saved per token × (0 + 4 / 2)) and
+#: drafts from the second (6 × 0.045 ≤ 0.094 × (1 + 2)).
+WAIT_ONE_TOKEN = 0.045
+
+
+def test_gamma_auto_waits_until_the_draft_prefill_pays() -> None:
+    """A prompt the draft would read for longer than drafting saves is decoded plainly
+    until the output is long enough; a free prefill drafts at once; methods that always
+    need a draft never wait."""
+    policy = AutoGamma(_auto_costs(WAIT_ONE_TOKEN), max_gamma=3)
+    policy.start(5, 4)
+    assert policy.choose() == 0
+    policy.observe(0, 0)
+    assert policy.choose() > 0
+    eager = AutoGamma(_auto_costs(), max_gamma=3)
+    eager.start(2, 4)
+    assert eager.choose() > 0
+    never = AutoGamma(_auto_costs(100.0), max_gamma=3)
+    never.start(500, 64)
+    for _ in range(64):
+        assert never.choose() == 0
+        never.observe(0, 0)
+    forced = AutoGamma(_auto_costs(100.0), max_gamma=3, min_gamma=1)
+    forced.start(500, 64)
+    assert forced.choose() >= 1
+
+
+@pytest.mark.parametrize("draft_prefill", [0.0, WAIT_ONE_TOKEN])
 @pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
-def test_gamma_chosen_by_measurement_stays_exact(method: str) -> None:
+def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: float) -> None:
     """``gamma="auto"``: γ follows each request's own acceptance history, so it changes
-    from iteration to iteration (and can be 0); the law is still the target's."""
-    costs = PassCosts(target={1: 1.0, 2: 1.1, 4: 1.25, 8: 1.9, 16: 3.4}, draft=0.35)
+    from iteration to iteration (and can be 0), and the draft may join a request after
+    plain decoding began (its prefill then reads the tokens decoded so far); the law is
+    still the target's."""
+    costs = _auto_costs(draft_prefill)
     lo, hi = best_gamma(0.2, costs, 3), best_gamma(0.9, costs, 3)
     assert lo < hi  # the estimate of α moves γ within the enumerated range
     target, draft = RandomContextLM(3, seed=21), RandomContextLM(3, seed=22)
@@ -168,9 +204,10 @@ def test_gamma_chosen_by_measurement_stays_exact(method: str) -> None:
 
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
         policy = AutoGamma(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0)
-        request = Request([0, 1], m, Sampling(), 4, randoms[0], policy,
+        request = Request(prompt, m, Sampling(), 4, randoms[0], policy,
                           make_drafter(target, draft.spawn(), m))
         return [Engine(target.spawn()).run([request])[0].tokens]
 
+    prompt = [0, 1, 2, 0, 1]
     law = engine_law(run, rows=1)
-    _assert_equal(marginal(law, 0), target_law(target, [0, 1], Sampling(), 4))
+    _assert_equal(marginal(law, 0), target_law(target, prompt, Sampling(), 4))

@@ -18,7 +18,7 @@ import torch
 from conftest import TinyTokenizer, make_tiny_model, wrap_tiny
 from verispec.models.loading import PRECISIONS, load_model, resolve_precision
 from verispec.models.native import (
-    INT8_CACHE_FILE,
+    CACHE_FILES,
     NativeCausalLM,
     from_hf_module,
     load_native,
@@ -289,16 +289,19 @@ def test_int8_kernels_agree(module: Any) -> None:
 
 
 @needs_int8
-def test_int8_disk_cache_round_trip(module: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_disk_cache_round_trip(module: Any, tmp_path: Path, precision: str) -> None:
+    if precision == "int4" and not int4_available():
+        pytest.skip("no CPU int4 kernel")
     module.save_pretrained(tmp_path)
     tok = TinyTokenizer()
-    first = load_native(tmp_path, "int8", tokenizer=tok)
-    file = tmp_path / INT8_CACHE_FILE
+    first = load_native(tmp_path, precision, tokenizer=tok)
+    file = tmp_path / CACHE_FILES[precision]
     assert file.exists()
     stamp = file.stat().st_mtime_ns
-    second = load_native(tmp_path, "int8", tokenizer=tok)  # read from the cache
+    second = load_native(tmp_path, precision, tokenizer=tok)  # read from the cache
     assert file.stat().st_mtime_ns == stamp
-    ref = native(module, "int8")
+    ref = native(module, precision)
     prefix = seq(9, 90)
     outs = []
     for m in (first, second, ref):
@@ -306,11 +309,11 @@ def test_int8_disk_cache_round_trip(module: Any, tmp_path: Path) -> None:
         outs.append(m.extend([seq(3, 91)]))
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     # new float weights invalidate the cache: it is rebuilt
-    weights = next(p for p in tmp_path.glob("*.safetensors") if p.name != INT8_CACHE_FILE)
+    weights = next(p for p in tmp_path.glob("model*.safetensors"))
     os.utime(weights, ns=(stamp + 10**9, stamp + 10**9))
-    load_native(tmp_path, "int8", tokenizer=tok)
+    load_native(tmp_path, precision, tokenizer=tok)
     assert file.stat().st_mtime_ns != stamp
-    assert not list(tmp_path.glob(".verispec-int8-*"))  # no temporary left behind
+    assert not list(tmp_path.glob(f".verispec-{precision}-*"))  # no temporary left behind
 
 
 # -- loading and precisions ---------------------------------------------------------------------
@@ -351,7 +354,7 @@ def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:
 def test_int4_linear_is_its_dequantized_matrix() -> None:
     torch.manual_seed(0)
     w, x = torch.randn(96, 128), torch.randn(5, 128)  # [N, K], [M, K]
-    lin = Int4Linear(w)
+    lin = Int4Linear.quantize(w)
     # dequantize the stored codes: Ŵ = (code − 8) · s + z per group of 64 input channels
     lo = w.view(96, 2, 64).amin(-1)  # [N, G]
     scale = ((w.view(96, 2, 64).amax(-1) - lo) / 15).clamp_min(1e-8)
@@ -374,8 +377,11 @@ def test_resolve_precision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loading.platform, "machine", lambda: "x86_64")
     if int8_available():
         assert resolve_precision("auto", cpu)[0] == "int8"
+        assert resolve_precision("auto", cpu, "draft")[0] == ("int4" if int4_available()
+                                                              else "int8")
     monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert resolve_precision("auto", cpu)[0] == "bfloat16"
+    assert resolve_precision("auto", cpu, "draft")[0] == "bfloat16"  # int4 comes with int8
     with pytest.raises(ValueError, match="VNNI"):
         resolve_precision("int8", cpu)
     monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx2"}))

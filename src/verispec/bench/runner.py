@@ -349,10 +349,12 @@ def _prepare_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM
         from verispec.models.loading import load_transformers
 
         def load(spec: str, model: CausalLM) -> CausalLM:
-            if model.precision == "int4":
-                raise ValueError(f"{', '.join(hf)} run the draft inside transformers, which has "
-                                 "no int4 layers; use --draft-precision int8 with them")
-            return load_transformers(spec, precision=model.precision, device=model.device,
+            precision = model.precision
+            if precision == "int4":  # transformers has no int4 layers: its int8 form
+                precision = "int8"
+                print(f"{', '.join(hf)}: the draft runs in int8 inside transformers (it has "
+                      "no int4 layers)", file=err)
+            return load_transformers(spec, precision=precision, device=model.device,
                                      progress=lambda msg: print(msg, file=err))
 
         needs_draft = any(p != "hf-ar" for p in hf)

@@ -29,9 +29,11 @@ class ModelDrafter(Drafter):
     length is then a stopping time of the draft prefix alone, which keeps token and block
     verification lossless (checked by exact enumeration in the tests).
 
-    Cache discipline: after ``feedback`` a row holds the longest prefix of its new context
-    already processed, and the next ``propose`` feeds the rest (the next token, plus X_γ
-    when the whole block was accepted) in its first pass.
+    Cache discipline: a request joins the draft model's cache at its first proposal (its
+    prompt and any tokens decoded before are read then, so a request that never drafts
+    never pays the draft's prefill); after ``feedback`` a row holds the longest prefix of
+    its new context already processed, and the next ``propose`` feeds the rest (the next
+    token, plus X_γ when the whole block was accepted) in its first pass.
     """
 
     def __init__(self, model: CausalLM, *, stop_below: float | None = None) -> None:
@@ -44,6 +46,7 @@ class ModelDrafter(Drafter):
         self._fed: dict[int, int] = {}  # draft tokens fed to the model in the last proposal
         self._forks: list[int] = []  # cache rows per slot during a multi-draft proposal
         self._row_calls: dict[int, int] = {}  # draft forward passes that included each row
+        self._waiting: set[int] = set()  # admitted requests not yet in the draft's cache
 
     @property
     def forward_calls(self) -> int:
@@ -57,8 +60,17 @@ class ModelDrafter(Drafter):
         return self._row_calls.get(row_id, 0)
 
     def admit(self, rows: Sequence[DraftRow]) -> None:
+        for r in rows:
+            self._waiting.add(r.id)
+            self._row_calls[r.id] = 0
+
+    def _join(self, rows: Sequence[DraftRow]) -> None:
+        """Read the contexts (all but the last token) of waiting requests that now draft."""
+        if not rows:
+            return
         self.model.add_rows([r.context[:-1] for r in rows])
         for r in rows:
+            self._waiting.discard(r.id)
             self._ids.append(r.id)
             self._base[r.id] = self._fed[r.id] = 0
             self._row_calls[r.id] = 1 if len(r.context) > 1 else 0
@@ -66,14 +78,27 @@ class ModelDrafter(Drafter):
     def release(self, rows: Sequence[DraftRow]) -> None:
         gone = {r.id for r in rows}
         keep = [s for s, i in enumerate(self._ids) if i not in gone]
-        self.model.select_rows(keep)
+        if len(keep) < len(self._ids):
+            self.model.select_rows(keep)
         self._ids = [self._ids[s] for s in keep]
         for i in gone:
+            self._waiting.discard(i)
             self._base.pop(i, None)
             self._fed.pop(i, None)
             self._row_calls.pop(i, None)
 
     def propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Draft]:
+        self._join([r for r, g in zip(rows, gammas, strict=True)
+                    if g > 0 and r.id in self._waiting])
+        joined = [b for b, r in enumerate(rows) if r.id not in self._waiting]
+        out = [_empty(r, self.model.vocab_size) for r in rows]
+        if joined:
+            for b, d in zip(joined, self._propose([rows[b] for b in joined],
+                                                  [gammas[b] for b in joined]), strict=True):
+                out[b] = d
+        return out
+
+    def _propose(self, rows: Sequence[DraftRow], gammas: Sequence[int]) -> list[Draft]:
         model = self.model
         slot_of = {i: s for s, i in enumerate(self._ids)}
         slots = [slot_of[r.id] for r in rows]
@@ -175,6 +200,8 @@ class ModelDrafter(Drafter):
 
     def feedback(self, rows: Sequence[DraftRow], accepted: Sequence[int],
                  branches: Sequence[int]) -> None:
+        kept = [b for b, r in enumerate(rows) if r.id not in self._waiting]
+        rows, accepted, branches = ([x[b] for b in kept] for x in (rows, accepted, branches))
         model, forks = self.model, self._forks
         if any(f > 1 for f in forks):
             slot_of = {i: s for s, i in enumerate(self._ids)}

@@ -28,6 +28,9 @@ class GammaPolicy(Protocol):
     def label(self) -> int | str:
         """γ as reported in the statistics (an int, or ``"auto"``)."""
 
+    def start(self, prompt_tokens: int, budget: int) -> None:
+        """The request's prompt length and token budget, before its first iteration."""
+
     def choose(self) -> int:
         """γ for the next iteration (the engine caps it by the room left)."""
 
@@ -49,6 +52,9 @@ class FixedGamma:
     def label(self) -> int:
         return self.gamma
 
+    def start(self, prompt_tokens: int, budget: int) -> None:
+        return None
+
     def choose(self) -> int:
         return self.gamma
 
@@ -65,19 +71,25 @@ PROBE_SIZES = (1, 2, 4, 8, 16)
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0
 #: After this many iterations at γ = 0, draft one token to keep learning α.
 PROBE_EVERY = 16
+#: The draft reads a request's context at once when the time drafting is expected to save
+#: over this share of the token budget covers that reading.
+PAYBACK_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class PassCosts:
-    """Measured seconds of one target pass over k tokens and of one draft step.
+    """Measured seconds of one target pass over k tokens, of one draft step and of the
+    draft's reading of a prompt.
 
     Attributes:
         target: k -> seconds, for the k timed (others are interpolated).
         draft: seconds of one draft forward pass of one token.
+        draft_prefill: seconds per token of the draft's prefill of a prompt (0: free).
     """
 
     target: dict[int, float]
     draft: float
+    draft_prefill: float = 0.0
 
     def target_pass(self, k: int) -> float:
         """Seconds of a target pass over k tokens (linear between timed sizes)."""
@@ -100,9 +112,16 @@ class PassCosts:
         """c = target step / draft step."""
         return self.target_pass(1) / self.draft
 
+    def saving(self, alpha: float, gamma: int) -> float:
+        """Seconds per token that drafting γ tokens at acceptance α saves over plain
+        decoding (negative: it costs)."""
+        cost = gamma * self.draft + self.target_pass(gamma + 1)
+        return self.target_pass(1) - cost / expected_tokens(alpha, gamma)
+
     def describe(self) -> str:
         return (f"target {self.target_pass(1) * 1e3:.1f} ms per token, draft "
-                f"{self.draft * 1e3:.1f} ms (c = {self.c:.2f}); V(k) = "
+                f"{self.draft * 1e3:.1f} ms (c = {self.c:.2f}), draft prefill "
+                f"{self.draft_prefill * 1e3:.2f} ms per prompt token; V(k) = "
                 + ", ".join(f"V({k}) {self.v(k):.2f}" for k in sorted(self.target) if k > 1))
 
 
@@ -129,8 +148,16 @@ class AutoGamma:
     ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA`` — and drafts the γ that maximises expected
     tokens per second under the papers' i.i.d. model with the measured costs (V(k) in the
     denominator). Where speculation does not pay it chooses γ = 0 (plain decoding), drafting
-    one token every ``PROBE_EVERY`` iterations to keep its estimate current. γ depends only
-    on the past, so every lossless verifier stays lossless.
+    one token every ``PROBE_EVERY`` iterations to keep its estimate current.
+
+    The draft model reads a request's context at its first draft, which costs
+    ``costs.draft_prefill`` per token. A request starts drafting once that reading is
+    expected to pay back: when it costs no more than the time drafting saves (at the
+    estimated α and best γ) over the tokens decoded so far plus ``PAYBACK_SHARE`` of the
+    budget. A short prompt drafts from the first token; a long one with a small budget is
+    decoded plainly until its output proves long (as in ski rental, the wait costs at most
+    about one prefill). γ depends only on the past, so every lossless verifier stays
+    lossless.
     """
 
     def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0) -> None:
@@ -140,6 +167,13 @@ class AutoGamma:
         self.accepted = 0.0
         self.tested = 0.0
         self.idle = 0
+        self.context = 0  # tokens the draft would read at its first draft
+        self.emitted = 0
+        self.budget = 0
+        self.drafting = costs.draft_prefill <= 0.0 or self.min_gamma > 0
+
+    def start(self, prompt_tokens: int, budget: int) -> None:
+        self.context, self.budget = prompt_tokens, budget
 
     @property
     def label(self) -> str:
@@ -151,6 +185,15 @@ class AutoGamma:
 
     def choose(self) -> int:
         gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
+        if not self.drafting:
+            if gamma == 0:
+                return 0
+            reading = self.costs.draft_prefill * (self.context + self.emitted)
+            gain = self.costs.saving(self.alpha, gamma) * (self.emitted
+                                                          + PAYBACK_SHARE * self.budget)
+            if reading > gain:
+                return 0
+            self.drafting = True
         if gamma == 0:
             self.idle += 1
             if self.idle >= PROBE_EVERY:
@@ -161,18 +204,21 @@ class AutoGamma:
         return gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
+        self.emitted += accepted + 1
         self.accepted += accepted
         self.tested += accepted + (1 if accepted < drafted else 0)
 
 
 def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
                   reps: int = 3) -> PassCosts:
-    """Time target passes over ``PROBE_SIZES`` tokens and a draft step after ``context``
-    tokens (on spawned models: the callers' rows are untouched)."""
-    from verispec.models.timing import pass_costs
+    """Time target passes over ``PROBE_SIZES`` tokens, a draft step after ``context`` tokens
+    and the draft's prefill of ``context`` tokens (on spawned models: the callers' rows are
+    untouched)."""
+    from verispec.models.timing import pass_costs, prefill_cost
 
     sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
                   or context + k <= target.max_length)
     timed = pass_costs(target, context=context, ks=sizes, reps=reps)
     step = pass_costs(draft, context=context, ks=(1,), reps=reps)[1]
-    return PassCosts(target=dict(timed), draft=step)
+    return PassCosts(target=dict(timed), draft=step,
+                     draft_prefill=prefill_cost(draft, context, reps=reps) / context)

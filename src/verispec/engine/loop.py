@@ -75,6 +75,7 @@ class Engine:
                       gamma=request.gamma.label)  # type: ignore[union-attr]
         row = Row(next(self._ids), request, [int(t) for t in request.prompt], stats,
                   state=request.method.new_state())
+        request.gamma.start(len(row.context), request.max_new_tokens)  # type: ignore[union-attr]
         self.waiting.append(row)
         return row
 

@@ -90,12 +90,13 @@ def resolve_precision(precision: str, device: torch.device,
     """(precision, a sentence saying why) for ``auto|float32|bfloat16|int8|int4`` on
     ``device``, for a model in ``role`` (``target`` or ``draft``).
 
-    ``auto``: int8 on an x86 CPU with VNNI and PyTorch's int8 kernels; bfloat16 on CUDA
-    with bf16 support or a CPU with native bf16 instructions; float32 otherwise. ``int4``
-    (weight-only) is for drafts only: its rounding may depend on how many tokens a pass
-    scores, which a draft may do (q is recorded in the pass that drew each token) and a
-    target may not. Raises ValueError for an unknown precision or role, for int4 on a
-    target and where kernels are missing.
+    ``auto``: on an x86 CPU with VNNI and PyTorch's int8 kernels, int8 for a target and
+    weight-only int4 for a draft (where the int4 kernel exists; int8 otherwise); bfloat16
+    on CUDA with bf16 support or a CPU with native bf16 instructions; float32 otherwise.
+    ``int4`` is for drafts only: its rounding may depend on how many tokens a pass scores,
+    which a draft may do (q is recorded in the pass that drew each token) and a target may
+    not. Raises ValueError for an unknown precision or role, for int4 on a target and where
+    kernels are missing.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -118,6 +119,9 @@ def resolve_precision(precision: str, device: torch.device,
     if precision != "auto":
         return precision, f"{precision} (requested)"
     if _int8_missing(device) is None:
+        if role == "draft" and _int4_missing(device) is None:
+            return "int4", ("int4 (auto: a draft on an x86 CPU with VNNI; weight-only int4 "
+                            "halves its weight traffic, its int8 form reads prompts)")
         return "int8", "int8 (auto: x86 CPU with VNNI int8 instructions)"
     return _auto_float(device)
 

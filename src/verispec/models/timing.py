@@ -10,7 +10,7 @@ import torch
 
 from verispec.models.base import CausalLM
 
-__all__ = ["pass_costs"]
+__all__ = ["pass_costs", "prefill_cost"]
 
 
 def pass_costs(model: CausalLM, context: int = 200, ks: Sequence[int] = tuple(range(1, 10)),
@@ -39,3 +39,20 @@ def pass_costs(model: CausalLM, context: int = 200, ks: Sequence[int] = tuple(ra
             if rep >= warmup:
                 times[k].append(elapsed)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def prefill_cost(model: CausalLM, context: int = 200, reps: int = 3, *, seed: int = 0) -> float:
+    """Median seconds of reading a prompt of ``context`` random tokens into a fresh row (on
+    ``model.spawn()``), after one untimed reading."""
+    g = torch.Generator().manual_seed(seed)
+    times = []
+    for rep in range(1 + reps):
+        twin = model.spawn()
+        prefix = torch.randint(model.vocab_size, (context,), generator=g).tolist()
+        start = time.perf_counter()
+        twin.add_rows([prefix])
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        if rep:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -2,7 +2,8 @@
 in float32, bfloat16 or (x86 CPU) int8 with per-token activation scales, and, for drafts,
 weight-only int4.
 
-* :func:`load_native` — from a Hugging Face directory (the int8 weights are cached on disk);
+* :func:`load_native` — from a Hugging Face directory (int8 and int4 weights are cached on
+  disk);
 * :func:`from_hf_module` — from an in-memory transformers ``*ForCausalLM`` module.
 """
 
@@ -22,20 +23,21 @@ from verispec.models.native.linear import int4_available, int8_available
 from verispec.models.native.lm import NativeCausalLM
 from verispec.models.native.model import Transformer
 from verispec.models.native.weights import (
-    INT8_CACHE_FILE,
+    CACHE_FILES,
     build_dense,
     build_int4,
     build_int8,
     dir_tensors,
+    int4_state,
     int8_state,
-    load_int8_cache,
+    load_cache,
     module_tensors,
     packed_state,
-    save_int8_cache,
+    save_cache,
 )
 
 __all__ = [
-    "INT8_CACHE_FILE",
+    "CACHE_FILES",
     "NATIVE_PRECISIONS",
     "NativeCausalLM",
     "NativeConfig",
@@ -100,7 +102,7 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
         if precision == "int8":
             net = build_int8(config, int8_state(config, get))
         elif precision == "int4":
-            net = build_int4(config, get)
+            net = build_int4(config, int4_state(config, get))
             if int8_available():  # prompts are read faster by the int8 kernel
                 prefill = build_int8(config, int8_state(config, get))
         else:
@@ -116,10 +118,10 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 progress: Callable[[str], None] | None = None) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
 
-    int8: the quantized weights are read from ``<path>/verispec-int8.safetensors`` when it
-    exists and matches the float weights; otherwise they are made from the float weights and
-    (``cache=True``) saved there for the next load. A directory that cannot be written just
-    skips the saving.
+    int8 and int4: the quantized weights are read from ``<path>/verispec-int8.safetensors``
+    (``verispec-int4.safetensors``) when it exists and matches the float weights; otherwise
+    they are made from the float weights and (``cache=True``) saved there for the next load.
+    A directory that cannot be written just skips the saving.
     """
     path = Path(path)
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -130,14 +132,12 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     t0 = time.perf_counter()
     prefill = None
     with torch.no_grad():
-        if precision == "int8":
-            net = _int8_net(path, config, cache, say, progress)
-        elif precision == "int4":
-            net = build_int4(config, dir_tensors(path))
-            if int8_available():  # prompts are read faster by the int8 kernel
-                prefill = _int8_net(path, config, cache, say, progress)
-        else:
+        if precision in DTYPES:
             net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
+        else:
+            net = _quantized_net(path, config, precision, cache, say, progress)
+        if precision == "int4" and int8_available():  # prompts are read faster in int8
+            prefill = _quantized_net(path, config, "int8", cache, say, progress)
     say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")
     if tokenizer is None and load_tokenizer:  # (a PEARL worker needs none)
         from transformers import AutoTokenizer
@@ -150,21 +150,30 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                           precision=precision, source=str(path), prefill_net=prefill)
 
 
-def _int8_net(path: Path, config: NativeConfig, cache: bool, say: Callable[[str], None],
-              progress: Callable[[str], None] | None) -> Transformer:
-    """The int8 model of ``path``, from its cache file when valid (else made and cached)."""
-    state = load_int8_cache(path) if cache else None
+def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool,
+                   say: Callable[[str], None],
+                   progress: Callable[[str], None] | None) -> Transformer:
+    """The int8 or int4 model of ``path``, from its cache file when valid (else made and
+    cached)."""
+    file = CACHE_FILES[precision]
+    build = build_int8 if precision == "int8" else build_int4
+    state = load_cache(path, precision) if cache else None
     if state is not None:
         try:
-            return build_int8(config, state)
+            return build(config, state)
         except RuntimeError as e:  # packed weights this torch cannot rebuild
-            say(f"ignoring {INT8_CACHE_FILE}: {e}")
-    say(f"quantizing {path.name} to int8 (once; cached as {INT8_CACHE_FILE})")
-    net = build_int8(config, int8_state(config, dir_tensors(path), progress))
+            say(f"ignoring {file}: {e}")
+    say(f"quantizing {path.name} to {precision} (once; cached as {file})")
+    if precision == "int8":
+        net = build_int8(config, int8_state(config, dir_tensors(path), progress))
+        state = packed_state(net)
+    else:
+        state = int4_state(config, dir_tensors(path))
+        net = build_int4(config, state)
     if cache:
         try:
-            file = save_int8_cache(path, packed_state(net))
-            say(f"saved {file} ({file.stat().st_size / 2**30:.2f} GiB)")
+            saved = save_cache(path, precision, state)
+            say(f"saved {saved} ({saved.stat().st_size / 2**30:.2f} GiB)")
         except OSError as e:
-            say(f"could not cache the int8 weights in {path}: {e}")
+            say(f"could not cache the {precision} weights in {path}: {e}")
     return net

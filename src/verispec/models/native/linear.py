@@ -217,27 +217,52 @@ class Int4Linear:
     distribution must not depend on the pass.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, norm: Tensor | None = None,
-                 eps: float = 1e-6) -> None:
+    def __init__(self, packed: Tensor, scales: Tensor, group: int, bias: Tensor | None,
+                 norm: Tensor | None, eps: float, shape: tuple[int, int]) -> None:
+        self.packed = packed  # [N, K / 2] uint8, the CPU int4 kernel's layout
+        self.scales = scales  # [G, N, 2] bfloat16: scale and the value of code 8 per group
+        self.group = group
+        self.bias = bias  # [N] float32
+        self.norm = norm  # [K] float32
+        self.eps = eps
+        self.out_features, self.in_features = shape
+
+    @classmethod
+    def quantize(cls, weight: Tensor, bias: Tensor | None = None, norm: Tensor | None = None,
+                 eps: float = 1e-6) -> Int4Linear:
+        """The layer of a float ``weight`` [N, K]: per group, codes of (w − min) / s."""
         w = weight.float()  # [N, K]
         n, k = w.shape
         group = next((g for g in INT4_GROUPS if k % g == 0), None)
         if group is None:
             raise ValueError(f"int4 needs input widths divisible by {INT4_GROUPS[-1]}, got {k}")
-        self.group = group
         groups = w.view(n, k // group, group)  # [N, G, g]
         lo, hi = groups.amin(-1), groups.amax(-1)  # [N, G]
         scale = ((hi - lo) / 15.0).clamp_min(1e-8)  # [N, G]
         codes = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             codes.to(torch.int32).view(n, k), INT4_TILES)  # [N, K / 2] uint8
-        # [G, N, 2]: scale and the value of code 8 per group
-        self.scales = torch.stack([scale.T, (lo + 8.0 * scale).T], -1).to(
-            torch.bfloat16).contiguous()
-        self.bias = None if bias is None else bias.float().contiguous()  # [N]
-        self.norm = None if norm is None else norm.float().contiguous()  # [K]
-        self.eps = eps
-        self.out_features, self.in_features = n, k
+        scales = torch.stack([scale.T, (lo + 8.0 * scale).T], -1).to(torch.bfloat16)
+        return cls(packed, scales.contiguous(), group,
+                   None if bias is None else bias.float().contiguous(),
+                   None if norm is None else norm.float().contiguous(), eps, (n, k))
+
+    def state(self, prefix: str) -> dict[str, Tensor]:
+        """Tensors that rebuild this layer (:meth:`from_state`)."""
+        out = {f"{prefix}.packed": self.packed, f"{prefix}.scales": self.scales,
+               f"{prefix}.shape": torch.tensor([self.out_features, self.in_features,
+                                                self.group])}
+        if self.bias is not None:
+            out[f"{prefix}.bias"] = self.bias
+        if self.norm is not None:
+            out[f"{prefix}.norm"] = self.norm
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float) -> Int4Linear:
+        n, k, group = (int(x) for x in state[f"{prefix}.shape"])
+        return cls(state[f"{prefix}.packed"], state[f"{prefix}.scales"], group,
+                   state.get(f"{prefix}.bias"), state.get(f"{prefix}.norm"), eps, (n, k))
 
     def _linear(self, x: Tensor) -> Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -4,12 +4,12 @@ Sources: a Hugging Face directory (``config.json`` and ``*.safetensors``, sharde
 read one tensor at a time, or an in-memory transformers module. Fusions made here: q/k/v
 into one matrix, gate/up into one matrix.
 
-Int4 (draft only): every linear layer becomes weight-only int4, quantized at load time.
-
-Int8: every linear layer, lm_head included, becomes int8 with per-output-channel scales;
-the embedding is stored as float16 (only the looked-up rows are read). The quantized state
-is saved as ``<model dir>/verispec-int8.safetensors`` (written under a temporary name and
-renamed into place) and loaded directly when present and made from the same weights.
+Int8: every linear layer, lm_head included, becomes int8 with per-output-channel scales.
+Int4 (drafts only): every linear layer becomes weight-only int4. In both the embedding is
+stored as float16 (only the looked-up rows are read). A quantized state is saved as
+``<model dir>/verispec-int8.safetensors`` or ``verispec-int4.safetensors`` (written under a
+temporary name and renamed into place) and loaded directly when present and made from the
+same weights, by the same format version, for the same CPU and torch.
 """
 
 from __future__ import annotations
@@ -27,23 +27,26 @@ from torch import Tensor
 import verispec.models.native.onednn as onednn
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear, quantize_weight
-from verispec.models.native.model import Block, Linear, Transformer
+from verispec.models.native.model import Block, Transformer
 
 __all__ = [
-    "INT8_CACHE_FILE",
+    "CACHE_FILES",
     "build_dense",
     "build_int4",
     "build_int8",
     "dir_tensors",
+    "int4_state",
     "int8_state",
-    "load_int8_cache",
+    "load_cache",
     "module_tensors",
     "packed_state",
-    "save_int8_cache",
+    "save_cache",
 ]
 
-INT8_CACHE_FILE = "verispec-int8.safetensors"
-INT8_FORMAT = "verispec-int8/2"
+#: precision -> (cache file in the model directory, format version of its contents)
+CACHES = {"int8": ("verispec-int8.safetensors", "verispec-int8/2"),
+          "int4": ("verispec-int4.safetensors", "verispec-int4/1")}
+CACHE_FILES = {precision: file for precision, (file, _) in CACHES.items()}
 
 Getter = Callable[[str], Tensor | None]  # HF tensor name -> tensor (None if absent)
 
@@ -65,7 +68,7 @@ def _weight_files(path: Path) -> list[Path]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [path / s for s in shards]
     files = sorted(path.glob("*.safetensors"))
-    files = [f for f in files if f.name != INT8_CACHE_FILE]
+    files = [f for f in files if f.name not in CACHE_FILES.values()]
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
     return files
@@ -158,19 +161,28 @@ def build_dense(c: NativeConfig, get: Getter, dtype: torch.dtype,
     return Transformer(c, embed, blocks, head_lin, dtype=dtype, device=device)
 
 
-def build_int4(c: NativeConfig, get: Getter) -> Transformer:
-    """float32 weights, then every linear layer (lm_head included) as weight-only int4
-    (:class:`~verispec.models.native.linear.Int4Linear`; a draft-only format)."""
-    net = build_dense(c, get, torch.float32, torch.device("cpu"))
+def int4_state(c: NativeConfig, get: Getter) -> dict[str, Tensor]:
+    """Every linear layer (lm_head included) as weight-only int4
+    (:class:`~verispec.models.native.linear.Int4Linear`; a draft-only format), plus the
+    float16 embedding: a flat dict of tensors."""
+    state: dict[str, Tensor] = {}
+    for i, t in enumerate(_layer_tensors(c, get)):
+        for n in LAYER_LINEARS:
+            state.update(Int4Linear.quantize(t[f"{n}.weight"], t[f"{n}.bias"],  # type: ignore[arg-type]
+                                             t.get(f"{n}.norm"), c.norm_eps).state(f"layers.{i}.{n}"))
+    embed, head, norm = _embed_and_head(c, get)
+    state.update(Int4Linear.quantize(head, None, norm, c.norm_eps).state("head"))
+    state["embed"] = embed.to(torch.float16).contiguous()
+    return state
 
-    def four(lin: Linear) -> Int4Linear:
-        assert isinstance(lin, DenseLinear)
-        return Int4Linear(lin.weight, lin.bias, lin.norm, lin.eps)
 
-    for b in net.blocks:
-        b.qkv, b.o, b.gate_up, b.down = four(b.qkv), four(b.o), four(b.gate_up), four(b.down)
-    net.head = four(net.head)
-    return net
+def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
+    """The CPU int4 model from :func:`int4_state`'s tensors."""
+    blocks = [Block(*[Int4Linear.from_state(state, f"layers.{i}.{n}", c.norm_eps)
+                      for n in LAYER_LINEARS]) for i in range(c.layers)]
+    head = Int4Linear.from_state(state, "head", c.norm_eps)
+    return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
+                       device=torch.device("cpu"))
 
 
 # -- int8 ----------------------------------------------------------------------------------------
@@ -290,21 +302,21 @@ def _source_stamp(path: Path) -> str:
                        for f in _weight_files(path)}, sort_keys=True)
 
 
-def load_int8_cache(path: str | os.PathLike[str]) -> dict[str, Tensor] | None:
-    """The cached int8 state of the model in directory ``path``, or None when there is none
-    or it was made from other weights, by another format version or for another CPU / torch
-    (packed layouts depend on both)."""
+def load_cache(path: str | os.PathLike[str], precision: str) -> dict[str, Tensor] | None:
+    """The cached ``precision`` (int8 or int4) state of the model in directory ``path``, or
+    None when there is none or it was made from other weights, by another format version or
+    for another CPU / torch (packed layouts depend on both)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    path = Path(path)
-    file = path / INT8_CACHE_FILE
+    name, version = CACHES[precision]
+    file = Path(path) / name
     if not file.exists():
         return None
     try:
         with safe_open(str(file), framework="pt") as h:
             meta = h.metadata() or {}
-        if (meta.get("format") != INT8_FORMAT or meta.get("source") != _source_stamp(path)
+        if (meta.get("format") != version or meta.get("source") != _source_stamp(Path(path))
                 or meta.get("cpu") != onednn.signature()):
             return None
         state = {k: v for k, v in load_file(str(file)).items()  # mmapped: read on first use
@@ -354,19 +366,20 @@ def _write_aligned(tensors: dict[str, Tensor], file: str, metadata: dict[str, st
         os.fsync(f.fileno())
 
 
-def save_int8_cache(path: str | os.PathLike[str], state: dict[str, Tensor]) -> Path:
-    """Write ``state`` to ``<path>/verispec-int8.safetensors`` atomically; returns the file."""
+def save_cache(path: str | os.PathLike[str], precision: str, state: dict[str, Tensor]) -> Path:
+    """Write ``state`` to ``precision``'s cache file in ``path`` atomically; returns the file."""
     path = Path(path)
-    meta = {"format": INT8_FORMAT, "source": _source_stamp(path), "cpu": onednn.signature()}
-    fd, tmp = tempfile.mkstemp(prefix=".verispec-int8-", suffix=".tmp", dir=path)
+    name, version = CACHES[precision]
+    meta = {"format": version, "source": _source_stamp(path), "cpu": onednn.signature()}
+    fd, tmp = tempfile.mkstemp(prefix=f".verispec-{precision}-", suffix=".tmp", dir=path)
     os.close(fd)
     try:
         _write_aligned(state, tmp, meta)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path / INT8_CACHE_FILE)
+        os.replace(tmp, path / name)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path / INT8_CACHE_FILE
+    return path / name
