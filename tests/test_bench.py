@@ -284,9 +284,11 @@ def test_score_nll_and_seeds_and_memory():
         blob = bytearray(64 * 2**20)
         blob[::4096] = b"x" * len(blob[::4096])  # touch every page of 64 MiB
         inside = measure.rss_bytes()  # the RSS while the blob is alive
-    if inside is not None:  # (other memory may be freed meanwhile: compare with this RSS)
+    if inside is not None:  # (other memory may be freed meanwhile: compare with this RSS,
+        # less 8 MiB of allocator noise, far below the 64 MiB a meter that missed the blob
+        # would be short by)
         assert mem.source == "process RSS" and mem.peak_mb is not None
-        assert mem.peak_mb >= inside / 2**20
+        assert mem.peak_mb >= inside / 2**20 - 8
     del blob
 
 

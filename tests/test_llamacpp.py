@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 L = importlib.import_module("verispec.bench.llamacpp")
+LIB = importlib.import_module("verispec.bench.llamacpp.library")
+SPEC = importlib.import_module("verispec.bench.llamacpp.speculative")
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 151645
@@ -148,8 +150,9 @@ def fake_ar(monkeypatch: pytest.MonkeyPatch) -> Any:
             loads.append({"path": path, **kw})
             return llm
 
-        monkeypatch.setattr(L, "_llama_cpp", lambda: lib)
-        monkeypatch.setattr(L, "load_gguf", load)
+        for module in (L, LIB):
+            monkeypatch.setattr(module, "_llama_cpp", lambda: lib)
+        monkeypatch.setattr(LIB, "load_gguf", load)
         return lib, llm, loads
 
     return install
@@ -209,8 +212,8 @@ def test_load_gguf_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     CountingLlama.made = []
-    monkeypatch.setattr(L, "_llama_cpp", lambda: type("M", (), {"Llama": CountingLlama}))
-    monkeypatch.setattr(L, "_MODELS", {})
+    monkeypatch.setattr(LIB, "_llama_cpp", lambda: type("M", (), {"Llama": CountingLlama}))
+    monkeypatch.setattr(LIB, "_MODELS", {})
     a = L.load_gguf(gguf, threads=2, n_ctx=300)
     assert L.load_gguf(str(gguf), threads=2, n_ctx=4000) is a  # same file, fits
     assert a.kw["n_ctx"] == 4096 and a.kw["n_batch"] == 4096 and a.kw["n_threads"] == 2
@@ -368,7 +371,7 @@ def test_parse_speculative_output() -> None:
 
 
 def test_ids_from_debug_edge_cases() -> None:
-    ids = L._ids_from_debug  # a discarded draft (pos restarts at 0) and an inconsistent log
+    ids = SPEC._ids_from_debug  # a discarded draft (pos restarts at 0) and an inconsistent log
     log = "\n".join(_debug([([1, 2, 3], 0, 4)]))
     restarted = "\n".join(_debug([([5, 6], 0, 0)])[:-1] + _debug([([7, 8], 2, 9)]))
     assert ids(log) == [4]
@@ -398,8 +401,8 @@ def fake_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     for name in ("t.gguf", "d.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
     monkeypatch.setattr(L, "_llama_cpp", lambda: None)
-    monkeypatch.setattr(L, "_vocab", lambda path: FakeVocab())
-    monkeypatch.setattr(L, "_eog_checker", lambda vocab: lambda token: token in EOG)
+    monkeypatch.setattr(LIB, "_vocab", lambda path: FakeVocab())
+    monkeypatch.setattr(SPEC, "_eog_checker", lambda vocab: lambda token: token in EOG)
 
     def make(text: bytes, stderr: str, rc: int = 0) -> tuple[Path, Path]:
         log = tmp_path / "argv.txt"
@@ -491,9 +494,9 @@ def test_spec_needs_draft_and_gamma(fake_spec: Any, tmp_path: Path) -> None:
 
 def test_speculative_binary_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(L.BINARY_ENV, raising=False)
+    monkeypatch.delenv(SPEC.BINARY_ENV, raising=False)
     assert L.speculative_binary() is None
-    root = L._build_root()
+    root = SPEC._build_root()
     assert root.parent == tmp_path / "cache" / "llama.cpp"
     binary = root / "build" / "bin" / L.SPEC_TARGET
     binary.parent.mkdir(parents=True)
@@ -503,7 +506,7 @@ def test_speculative_binary_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert L.speculative_binary() == binary
     own = tmp_path / "own-spec"
     own.write_text("#!/bin/sh\n")
-    monkeypatch.setenv(L.BINARY_ENV, str(own))
+    monkeypatch.setenv(SPEC.BINARY_ENV, str(own))
     with pytest.raises(FileNotFoundError, match="not an executable"):
         L.speculative_binary()
     own.chmod(0o755)
@@ -534,7 +537,7 @@ PROMPT = "def fibonacci(n):\n    if n <= 1:\n        return n\n"
 @pytest.mark.integration
 def test_real_ar_and_spec_agree_greedily() -> None:
     target, draft = _real_setup()
-    vocab = L._vocab(target)
+    vocab = LIB._vocab(target)
     prompt = [int(t) for t in vocab.tokenize(PROMPT.encode(), add_bos=True, special=True)]
     assert L.prompt_text(vocab, prompt) == PROMPT.encode()
     # one thread: llama.cpp's spinning thread pool crawls when other processes share the CPUs
@@ -572,5 +575,5 @@ def test_real_forward_ms() -> None:
 def test_module_has_no_hidden_state_leak() -> None:
     # clear_cache on an empty cache is a no-op and never needs llama_cpp
     L.clear_cache()
-    assert L._MODELS == {} and L._VOCABS == {}
-    assert os.fspath(L._build_root("0.0.0")).endswith("llama-cpp-python-0.0.0")
+    assert LIB._MODELS == {} and LIB._VOCABS == {}
+    assert os.fspath(SPEC._build_root("0.0.0")).endswith("llama-cpp-python-0.0.0")

@@ -336,6 +336,27 @@ def test_bad_precisions_are_refused(module: Any, tmp_path: Path) -> None:
     assert PRECISIONS == ("auto", "float32", "bfloat16", "int8", "int4")
 
 
+@needs_int8
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
+def test_int4_draft_runs_wide_passes_on_its_int8_form(module: Any) -> None:
+    """An int4 draft reads prompts and passes over ≥ PREFILL_ROWS token rows with its int8
+    form (same cache), and narrower passes with its int4 layers."""
+    from verispec.models.native.lm import PREFILL_ROWS
+
+    draft = native(module, "int4")
+    assert draft.prefill_net is not None
+    int8_only = NativeCausalLM(draft.prefill_net, TinyTokenizer(), "int8 form",
+                               precision="int8")
+    prefix = seq(11, 70)
+    for m in (draft, int8_only):
+        m.add_rows([prefix])
+    wide, narrow = seq(PREFILL_ROWS, 71), seq(PREFILL_ROWS - 1, 72)
+    assert torch.equal(draft.extend([wide]), int8_only.extend([wide]))
+    for m in (draft, int8_only):
+        m.rollback([len(prefix)])
+    assert not torch.equal(draft.extend([narrow]), int8_only.extend([narrow]))
+
+
 def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="draft-only"):

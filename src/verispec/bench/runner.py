@@ -372,6 +372,45 @@ def _prepare_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM
     return hf_pair
 
 
+def _configs(s: BenchSettings, err: TextIO) -> list[Config]:
+    """The settings' grid (``ar`` added: every speed-up is paired against it), batched
+    configurations for the methods that can run batched."""
+    if not any(m.label == "ar" for m in s.methods):
+        s.methods = [parse_method("ar"), *s.methods]
+        print("adding ar: every speed-up is paired against it", file=err)
+    configs = expand_grid(s.methods, s.temperatures, s.gammas, [1])
+    batched = [b for b in s.batch_sizes if b > 1]
+    if batched:
+        skipped = [m.label for m in s.methods if not m.batchable]
+        if skipped:
+            print(f"batch sizes > 1: {', '.join(skipped)} cannot run batched; they run at "
+                  "batch size 1 only", file=err)
+        configs += [Config(c.method, c.temperature, c.gamma, b) for c in configs
+                    for b in batched if c.method.batchable]
+    return configs
+
+
+def _summary_meta(s: BenchSettings, names: tuple[str, str], target: CausalLM,
+                  draft: CausalLM | None, prompts: Sequence[Prompt], costs: str | None,
+                  ) -> dict[str, Any]:
+    """What the summary says of the run: settings, models, precisions, machine, costs."""
+    precision = f"target {target.precision}" + (f", draft {draft.precision}" if draft else "")
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.category] = counts.get(p.category, 0) + 1
+    return {
+        **s.meta(*names),
+        "precision_note": precision, "dtype_note": precision,  # dtype_note: the older name
+        "device": str(target.device),
+        "threads": torch.get_num_threads(), "suites": list(s.suites),
+        "prompts_per_category": counts, "repeats": s.repeats,
+        "methods": [m.label for m in s.methods], "temperatures": list(s.temperatures),
+        "gammas": [g if g is not None else "auto" for g in s.gammas],
+        "batch_sizes": list(s.batch_sizes),
+        "pair_costs": costs, "machine": machine_description(),
+    }
+
+
 def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
                   draft: CausalLM | None = None, err: TextIO | None = None,
                   on_row: Callable[[Row], None] | None = None) -> dict[str, Any]:
@@ -391,18 +430,7 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
         raise ValueError(f"repeats must be >= 1, got {s.repeats}")
     if s.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {s.max_new_tokens}")
-    if not any(m.label == "ar" for m in s.methods):
-        s.methods = [parse_method("ar"), *s.methods]
-        print("adding ar: every speed-up is paired against it", file=err)
-    configs = expand_grid(s.methods, s.temperatures, s.gammas, [1])
-    batched = [b for b in s.batch_sizes if b > 1]
-    if batched:
-        skipped = [m.label for m in s.methods if not m.batchable]
-        if skipped:
-            print(f"batch sizes > 1: {', '.join(skipped)} cannot run batched; they run at "
-                  "batch size 1 only", file=err)
-        configs += [Config(c.method, c.temperature, c.gamma, b) for c in configs
-                    for b in batched if c.method.batchable]
+    configs = _configs(s, err)
     prompts = load_suites(s.suites, s.num_prompts, s.categories)
     needs_draft = any(c.method.uses_draft for c in configs)
     loaded = target is None
@@ -448,22 +476,8 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
             progress.step(f"{c.method.label} T={c.temperature:g} γ={c.gamma_text} "
                           f"{prompts[unit.prompts[0]].id} r{unit.repeat}")
     ordered = [done[k] for u in units for k in u.row_keys(prompts)]
-    precision = f"target {target.precision}" + (f", draft {draft.precision}" if draft else "")
-    counts: dict[str, int] = {}
-    for p in prompts:
-        counts[p.category] = counts.get(p.category, 0) + 1
-    meta = {
-        **s.meta(*names),
-        "precision_note": precision, "dtype_note": precision,  # dtype_note: the older name
-        "device": str(target.device),
-        "threads": torch.get_num_threads(), "suites": list(s.suites),
-        "prompts_per_category": counts, "repeats": s.repeats,
-        "methods": [m.label for m in s.methods], "temperatures": list(s.temperatures),
-        "gammas": [g if g is not None else "auto" for g in s.gammas],
-        "batch_sizes": list(s.batch_sizes),
-        "pair_costs": costs, "machine": machine_description(),
-    }
-    summary = {"meta": meta, "rows": summarize(ordered)}
+    summary = {"meta": _summary_meta(s, names, target, draft, prompts, costs),
+               "rows": summarize(ordered)}
     write_reports(s.out, summary)
     write_plots(s.out, summary, ordered, err)
     return summary

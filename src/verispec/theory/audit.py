@@ -234,6 +234,45 @@ def _sampling(temperature: float, top_k: int | None, top_p: float | None) -> Sam
     return Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
 
 
+def _user_law(fn: Any, target: TableLM, draft: TableLM, prompt: Sequence[int], base: Sampling,
+              gamma: int, length: int, reference: Law, samples: int, alpha: float,
+              bootstrap: int, seed: int,
+              ) -> tuple[Law, float | None, float | None, float | None, str]:
+    """(law, expected tokens per iteration, z_max, z_critical, note) of a user verifier: exact
+    for a plan function (z None), estimated by sampling its randomness otherwise."""
+    if _user_kind(fn) == "plan":
+        plan_fn = _checked_plan(fn)
+        law = speculative_law(target, draft, prompt, plan_fn=plan_fn, gamma=gamma,
+                              sampling=base, length=length)
+        expected = expected_accepted(target, draft, prompt, plan_fn=plan_fn,
+                                     gamma=min(gamma, length - 1), sampling=base)[0] + 1
+        return law, expected, None, None, "user plan function: exact enumeration"
+    from verispec.theory.audit_mc import mc_audit
+
+    law, mc_expected, z_max, z_crit = mc_audit(fn, target, draft, prompt, base, gamma, length,
+                                               reference, samples, alpha, bootstrap, seed)
+    return law, mc_expected, z_max, z_crit, (
+        f"user verifier with a generator: every draft block enumerated exactly, (τ, Y) given "
+        f"a block estimated from {samples} draws; decision by bootstrap z-scores at "
+        f"family-wise α = {alpha}")
+
+
+def _check_audit(method: str, vocab: int, gamma: int, length: int, samples: int,
+                 prompt: Sequence[int], options: dict[str, Any]) -> None:
+    """Refuse bad sizes, a prompt outside the vocabulary and laws too large to enumerate."""
+    for name, value, low in (("gamma", gamma, 0), ("length", length, 1), ("samples", samples, 2)):
+        check_positive(name, value, minimum=low)
+    if not prompt or any(not 0 <= int(t) < vocab for t in prompt):
+        raise ValueError(f"the prompt must be non-empty token ids in [0, {vocab}), got {list(prompt)}")
+    name, inline = parse_spec(method) if ":" not in method else (method, {})
+    drafts = (options.get("num_drafts") or inline.get("num_drafts") or 2) \
+        if name == "multidraft" else 1  # M defaults to 2
+    if float(vocab) ** (min(gamma, length - 1) * drafts) > MAX_BLOCKS:
+        raise ValueError(f"V^(γ·M) = {vocab}^{min(gamma, length - 1) * drafts} draft blocks per "
+                         f"iteration is too many to enumerate (limit {MAX_BLOCKS}); use a smaller "
+                         "--vocab, --gamma or --num-drafts")
+
+
 def audit(
     method: str,
     *,
@@ -261,45 +300,24 @@ def audit(
     ``samples``, ``alpha`` and ``bootstrap`` only matter for a user verifier that is not a
     plan function (see the module docstring).
     """
-    for name, value, low in (("gamma", gamma, 0), ("length", length, 1), ("samples", samples, 2)):
-        check_positive(name, value, minimum=low)
-    if not prompt or any(not 0 <= int(t) < vocab for t in prompt):
-        raise ValueError(f"the prompt must be non-empty token ids in [0, {vocab}), got {list(prompt)}")
-    name, inline = parse_spec(method) if ":" not in method else (method, {})
-    drafts = (options.get("num_drafts") or inline.get("num_drafts") or 2) \
-        if name == "multidraft" else 1  # M defaults to 2
-    if float(vocab) ** (min(gamma, length - 1) * drafts) > MAX_BLOCKS:
-        raise ValueError(f"V^(γ·M) = {vocab}^{min(gamma, length - 1) * drafts} draft blocks per "
-                         f"iteration is too many to enumerate (limit {MAX_BLOCKS}); use a smaller "
-                         "--vocab, --gamma or --num-drafts")
+    _check_audit(method, vocab, gamma, length, samples, prompt, options)
     target, draft = audit_models(model, vocab, seed, eos)
     base = _sampling(temperature, top_k, top_p)
     reference = target_law(target, prompt, base, length)
     opts = {k: v for k, v in options.items() if v is not None}
     notes: list[str] = []
     exact, z_max, z_crit = True, None, None
+    expected: float | None
     if ":" in method:
-        fn = load_user_function(method)
         if opts or draft_stop is not None:
             raise ValueError("a user verifier takes no method options, got "
                              f"{', '.join(sorted(opts)) or 'draft_stop'}")
         claims = True
-        if _user_kind(fn) == "plan":
-            plan_fn = _checked_plan(fn)
-            law = speculative_law(target, draft, prompt, plan_fn=plan_fn, gamma=gamma, sampling=base,
-                                  length=length)
-            expected: float | None = expected_accepted(
-                target, draft, prompt, plan_fn=plan_fn, gamma=min(gamma, length - 1), sampling=base)[0] + 1
-            notes.append("user plan function: exact enumeration")
-        else:
-            exact = False
-            from verispec.theory.audit_mc import mc_audit
-
-            law, expected, z_max, z_crit = mc_audit(fn, target, draft, prompt, base, gamma, length,
-                                                     reference, samples, alpha, bootstrap, seed)
-            notes.append(f"user verifier with a generator: every draft block enumerated exactly, "
-                         f"(τ, Y) given a block estimated from {samples} draws; decision by "
-                         f"bootstrap z-scores at family-wise α = {alpha}")
+        law, expected, z_max, z_crit, note = _user_law(
+            load_user_function(method), target, draft, prompt, base, gamma, length, reference,
+            samples, alpha, bootstrap, seed)
+        exact = z_max is None
+        notes.append(note)
     else:
         if parse_spec(method)[0] not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} "

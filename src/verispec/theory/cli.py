@@ -81,6 +81,12 @@ def add_commands(sub: Any) -> None:
     a.add_argument("--samples", type=int, default=20000,
                    help="user verifier with a generator: draws per draft block")
     _output(a)
+    _add_theory(sub)
+
+
+def _add_theory(sub: Any) -> None:
+    """``verispec theory`` and its subcommands."""
+    from verispec.theory.audit import AUDIT_MODELS
 
     t = sub.add_parser("theory", help="the papers' numbers next to ours (toy example, Lemma 10, "
                        "rejections, batch, Pareto, draft length, predictions)")

@@ -140,6 +140,13 @@ def run_schedule(
     if open_phase:
         stats.drafting_phases += 1
         stats.accepted_in_phases += open_accepted
+    _finish(executor, stats, start, decode_start)
+    return GenerationOutput(tokens=emitted, stats=stats)
+
+
+def _finish(executor: Executor, stats: PearlStats, start: float, decode_start: float) -> None:
+    """Fill in ``stats``' NLL, times, forward counts and timeline at the end of a request."""
+    timeline = executor.timeline
     stats.nll_sum = executor.collect_nll()
     timeline.end = end = now()
     stats.wall_time_s = end - start
@@ -154,4 +161,3 @@ def run_schedule(
                               if ln == "target" and s >= decode_start)
     stats.timeline = timeline.relative()
     stats.wait_fraction = timeline.wait_fractions()
-    return GenerationOutput(tokens=emitted, stats=stats)

@@ -116,6 +116,37 @@ def reference_generate(
     )
 
 
+def _add(acc: Law, weight: float, law: Law, prefix: tuple[int, ...] = ()) -> None:
+    """acc += weight · law, every sequence prefixed by ``prefix``."""
+    for key, value in law.items():
+        acc[prefix + key] = acc.get(prefix + key, 0.0) + weight * value
+
+
+def _outcomes(p: Callable[[tuple[int, ...]], Tensor], q: Callable[[tuple[int, ...]], Tensor],
+              plan_fn: PlanFn, vocab: int, ctx: tuple[int, ...], block: tuple[int, ...],
+              bonus: bool) -> Tensor:
+    """[k+1, V] P(τ, Y) of verifying ``block`` after ``ctx`` (row k: full acceptance, with Y
+    only if ``bonus``; without it the row's mass is all that matters)."""
+    k = len(block)
+    p_rows = [p(ctx + block[:i]) for i in range(k + 1 if bonus else k)]
+    if not bonus:
+        p_rows.append(p_rows[-1])  # never used: full acceptance draws no Y
+    q_rows = [q(ctx + block[:i]) for i in range(k)]
+    q_t = torch.stack(q_rows)[None] if k else torch.empty((1, 0, vocab), dtype=torch.float64)
+    return plan_law(plan_fn(torch.stack(p_rows)[None], q_t,
+                            torch.tensor([list(block)], dtype=torch.int64)))[0]
+
+
+def _drafts(q: Callable[[tuple[int, ...]], Tensor], vocab: int, ctx: tuple[int, ...],
+            n: int) -> list[tuple[tuple[int, ...], float]]:
+    """Every n-token draft from q after ``ctx`` with its probability."""
+    found: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    for _ in range(n):
+        found = [(b + (x,), pr * float(q(ctx + b)[x])) for b, pr in found
+                 for x in range(vocab) if float(q(ctx + b)[x]) > 0]
+    return found
+
+
 def pearl_law(
     target: TableLM,
     draft: TableLM,
@@ -136,10 +167,6 @@ def pearl_law(
     plan_fn = PLANS[verifier] if isinstance(verifier, str) else verifier
     vocab, eos = target.vocab_size, target.eos_token_ids
 
-    def add(acc: Law, weight: float, law: Law, prefix: tuple[int, ...] = ()) -> None:
-        for key, value in law.items():
-            acc[prefix + key] = acc.get(prefix + key, 0.0) + weight * value
-
     def then(ctx: tuple[int, ...], room: int, tokens: Sequence[int],
              rest: Callable[[tuple[int, ...], int], Law]) -> Law:
         """Commit ``tokens`` (clamped); the law of what is emitted from here on."""
@@ -147,49 +174,29 @@ def pearl_law(
         if stop:
             return {tuple(new): 1.0}
         out: Law = {}
-        add(out, 1.0, rest(ctx + tuple(new), room - len(new)), tuple(new))
+        _add(out, 1.0, rest(ctx + tuple(new), room - len(new)), tuple(new))
         return out
-
-    def outcomes(ctx: tuple[int, ...], block: tuple[int, ...], bonus: bool) -> Tensor:
-        """[k+1, V] P(τ, Y) of verifying ``block`` after ``ctx`` (row k: full acceptance,
-        with Y only if ``bonus``; without it the row's mass is all that matters)."""
-        k = len(block)
-        p_rows = [p(ctx + block[:i]) for i in range(k + 1 if bonus else k)]
-        if not bonus:
-            p_rows.append(p_rows[-1])  # never used: full acceptance draws no Y
-        q_rows = [q(ctx + block[:i]) for i in range(k)]
-        q_t = torch.stack(q_rows)[None] if k else torch.empty((1, 0, vocab), dtype=torch.float64)
-        return plan_law(plan_fn(torch.stack(p_rows)[None], q_t,
-                                torch.tensor([list(block)], dtype=torch.int64)))[0]
 
     def verified(ctx: tuple[int, ...], room: int, block: tuple[int, ...], bonus: bool,
                  on_full: Callable[[tuple[int, ...], int], Law]) -> Law:
         """Verify ``block``: a rejection (or a bonus) goes back to pre-verify mode; full
         acceptance without a bonus continues with ``on_full``."""
-        law = outcomes(ctx, block, bonus)
+        law = _outcomes(p, q, plan_fn, vocab, ctx, block, bonus)
         k, out = len(block), {}
         for tau, y in (law > 0).nonzero().tolist():
             if tau == k and not bonus:
                 continue
-            add(out, float(law[tau, y]), then(ctx, room, block[:tau] + (y,), pre))
+            _add(out, float(law[tau, y]), then(ctx, room, block[:tau] + (y,), pre))
         if not bonus and float(law[k].sum()) > 0:
-            add(out, float(law[k].sum()), then(ctx, room, block, on_full))
+            _add(out, float(law[k].sum()), then(ctx, room, block, on_full))
         return out
-
-    def drafts(ctx: tuple[int, ...], n: int) -> list[tuple[tuple[int, ...], float]]:
-        """Every n-token draft from q after ``ctx`` with its probability."""
-        found: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
-        for _ in range(n):
-            found = [(b + (x,), pr * float(q(ctx + b)[x])) for b, pr in found
-                     for x in range(vocab) if float(q(ctx + b)[x]) > 0]
-        return found
 
     @cache
     def fresh_window(ctx: tuple[int, ...], room: int, n: int) -> Law:
         """Post-verify mode with a window of n tokens drawn from q after ``ctx``."""
         out: Law = {}
-        for window, prob in drafts(ctx, n):
-            add(out, prob, post(ctx, window, room))
+        for window, prob in _drafts(q, vocab, ctx, n):
+            _add(out, prob, post(ctx, window, room))
         return out
 
     @cache
@@ -197,8 +204,8 @@ def pearl_law(
         if not post_verify:  # the draft idles; the block gets a bonus token, as in SD
             return verified(ctx, room, window, True, pre)
         out: Law = {}
-        for (x,), prob in drafts(ctx + window, 1):  # X'_1, drafted during the verification
-            add(out, prob, verified(ctx, room, window + (x,), False,
+        for (x,), prob in _drafts(q, vocab, ctx + window, 1):  # X'_1, drafted during the verification
+            _add(out, prob, verified(ctx, room, window + (x,), False,
                                     lambda c, r: fresh_window(c, r, gamma - 1)))
         return out
 
@@ -207,8 +214,8 @@ def pearl_law(
         if not pre_verify:  # the target idles while the draft drafts a fresh window
             return fresh_window(ctx, room, gamma)
         out: Law = {}
-        for (x,), prob in drafts(ctx, 1):
-            add(out, prob, verified(ctx, room, (x,), False,
+        for (x,), prob in _drafts(q, vocab, ctx, 1):
+            _add(out, prob, verified(ctx, room, (x,), False,
                                     lambda c, r: fresh_window(c, r, gamma - 1)))
         return out
 

@@ -1,78 +1,12 @@
-"""llama.cpp as a benchmark peer: its plain decoding and its own speculative decoding.
-
-Both peers run the embedded pair's GGUF files (:func:`verispec.models.fetch.model_path` with
-``fmt="gguf"``; ``verispec models fetch`` keeps them), i.e. the *quantized* models, not the
-float32 safetensors verispec's own methods run.
-
-* ``llamacpp-ar``: plain decoding of the target GGUF through llama-cpp-python. The prompt is
-  evaluated from the given token ids (no text round trip), then one token per call is sampled
-  by a llama.cpp sampler chain built here: ``greedy`` at T = 0, else ``temp(T)`` followed by
-  ``dist(seed)`` and nothing else (no top-k / top-p / min-p / repetition penalty), so it draws
-  from the target's own tempered law, with one RNG stream for the whole request. It stops at
-  any of the given EOS ids or at the budget. Only generation is timed (prefill + decode, the
-  sampling included); loading is not, and loaded models are cached per (file, threads, flash
-  attention) in this process (:func:`load_gguf`, :func:`clear_cache`).
-* ``llamacpp-spec``: llama.cpp's own draft-model speculative decoding, the
-  ``llama-speculative-simple`` example program built from the llama.cpp sources vendored in
-  the same llama-cpp-python sdist (:func:`build_speculative`, or
-  ``python -m verispec.bench.llamacpp build-spec``; :func:`run_llamacpp` builds it on first
-  use, which takes minutes), run as a subprocess (:func:`speculative_argv`) and parsed
-  (:func:`parse_speculative_output`). The program takes the prompt as *text*: the ids are
-  detokenized with llama.cpp's own vocabulary, and the run is refused unless llama.cpp
-  tokenizes that text back to exactly the same ids (:func:`prompt_text`).
-
-How llama.cpp speculates (``--spec-type draft-simple``): every round the draft proposes
-``--spec-draft-n-max`` = γ tokens greedily (its most probable token at each step;
-``--spec-draft-p-min 0`` so it never stops a draft early), the target scores
-``[last token, d_1..d_γ]`` in one batch, and at each position the *target's own sampler*
-draws a token; the draft token is accepted when it equals that draw, and the first
-mismatching draw (or the draw after γ accepted tokens) ends the round. At T = 0 this is the
-target's greedy decoding (up to batch-size-dependent float rounding). At T > 0 it is still
-exact in distribution: with a greedy (one-point) draft, accepting d with probability p(d) and
-otherwise emitting a draw from p restricted to tokens ≠ d is exactly speculative sampling
-with q = δ_d, so every emitted token is a draw of the target's own law. What it gives up
-against verispec's verifiers is efficiency (a one-point draft accepts with p(d) only), not
-exactness; and it uses its own RNG, so T > 0 outputs differ token by token from the other
-peers' at the same seed.
-
-Differences from the other peers to keep in mind: llama.cpp stops at *every*
-end-of-generation token of the GGUF's vocabulary (for the embedded Qwen2.5 pair
-``<|im_end|>`` 151645 and ``<|endoftext|>`` 151643, as verispec does, and also
-``<|fim_pad|>``, ``<|repo_name|>``, ``<|file_sep|>`` 151662-151664 and ``</s>`` 128247,
-which verispec's EOS list does not hold;
-it cannot be told otherwise without changing the sampling law) and its example may overrun
-the budget by a round; the tokens returned are cut at the budget and at the first EOS of the
-given list, and the time is llama.cpp's own "encoded" + "decoded" time (prompt prefill of
-both models plus decoding; model loading and warm-up excluded). The generated ids are read
-from the program's debug log (each round's accepted draft ids and the target's token; the
-final end-of-generation id included) and checked against its printed text; without those
-log lines they are recovered by tokenizing the printed text again (noted in
-``PeerResult.notes``).
-
-Counting (same conventions as :mod:`verispec.bench.peers`): ``target_calls`` counts target
-forward calls including the prefill; ``target_positions`` counts the positions they scored
-minus the prompt's first ``len(prompt) − 1``. For ``llamacpp-spec`` they are derived from
-the program's own counters (rounds = generated − accepted), and ``draft_calls`` is
-1 (prompt) + rounds (the draft re-reads each verified batch) + drafted tokens.
-
-Install (llama-cpp-python compiles llama.cpp from source; these flags build only the native
-CPU library, no examples, tests, tools, server or multimodal library)::
-
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \\
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \\
-      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \\
-      pip install --no-cache-dir -e '.[peers]'
-
-(``--no-cache-dir``: pip would otherwise reuse a wheel cached from a build with other flags.)
-"""
+"""``llamacpp-spec``: llama.cpp's own speculative decoding, the ``llama-speculative-simple``
+example program built from the llama.cpp sources vendored in llama-cpp-python's sdist, run
+as a subprocess and read back from its output and debug log (see
+:mod:`verispec.bench.llamacpp` for how it speculates and how its output is counted)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
 import json
 import os
-import random
 import re
 import shlex
 import shutil
@@ -81,65 +15,33 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import verispec.bench.llamacpp.library as library
+from verispec.bench.llamacpp.library import (
+    LLAMA_CPP_PYTHON_VERSION,
+    Progress,
+    _ctx_size,
+    _installed_version,
+    default_threads,
+)
 from verispec.bench.peers import PeerResult
 from verispec.models.fetch import cache_dir
 
 __all__ = [
-    "DEFAULT_EOS",
-    "INSTALL_COMMAND",
-    "INSTALL_COMMAND_PLAIN",
-    "LLAMA_CPP_PYTHON_VERSION",
-    "PEERS",
-    "LlamaCppUnavailableError",
+    "BINARY_ENV",
+    "SPEC_TARGET",
     "SpeculativeOutput",
     "build_speculative",
-    "clear_cache",
-    "default_threads",
-    "forward_ms",
-    "llamacpp_available",
-    "load_gguf",
     "parse_speculative_output",
     "prompt_text",
-    "run_llamacpp",
+    "run_spec",
     "speculative_argv",
     "speculative_binary",
 ]
-
-PEERS = ("llamacpp-ar", "llamacpp-spec")
-
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-"""The version pinned by verispec's ``peers`` extra (also the source of the example build)."""
-
-DEFAULT_EOS = (151645, 151643)
-"""EOS ids of the embedded target (``<|im_end|>``, ``<|endoftext|>``); pass the target's
-``eos_token_ids``."""
-
-PIP_CMAKE_FLAGS = (
-    "-DGGML_NATIVE=ON",
-    "-DLLAVA_BUILD=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_TOOLS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-    "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-)
-
-INSTALL_COMMAND = (
-    f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
-    "pip install --no-cache-dir -e '.[peers]'"
-)
-"""Install command from a verispec checkout (the ``peers`` extra pins llama-cpp-python)."""
-
-INSTALL_COMMAND_PLAIN = (
-    f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
-    f"pip install --no-cache-dir 'llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}'"
-)
 
 SPEC_TARGET = "llama-speculative-simple"
 
@@ -160,194 +62,6 @@ libraries the example needs are compiled because only its target is built."""
 
 BINARY_ENV = "VERISPEC_LLAMA_SPECULATIVE"
 """Environment variable naming a ready ``llama-speculative-simple`` binary to use instead."""
-
-_MIN_CTX = 4096
-
-Progress = Callable[[str], None]
-
-
-class LlamaCppUnavailableError(ImportError):
-    """llama-cpp-python is missing or unusable; the message says how to install it."""
-
-
-# --------------------------------------------------------------------------- availability
-
-
-def _install_hint() -> str:
-    return (f"install it (compiles llama.cpp, a few minutes) from a verispec checkout with\n"
-            f"  {INSTALL_COMMAND}\n"
-            f"or, outside a checkout,\n"
-            f"  {INSTALL_COMMAND_PLAIN}")
-
-
-def llamacpp_available() -> str | None:
-    """None if llama-cpp-python imports and its library loads, else why not and what to run."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as exc:
-        return f"the llama.cpp peers need llama-cpp-python, which is not installed ({exc}); " \
-               + _install_hint()
-    except Exception as exc:  # noqa: BLE001 - the shared library failed to load (OSError, ...)
-        return f"llama-cpp-python is installed but does not load ({type(exc).__name__}: " \
-               f"{exc}); reinstall it: " + _install_hint()
-    return None
-
-
-def _llama_cpp() -> Any:
-    reason = llamacpp_available()
-    if reason is not None:
-        raise LlamaCppUnavailableError(reason)
-    import llama_cpp
-
-    return llama_cpp
-
-
-def _installed_version() -> str | None:
-    try:
-        return importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def default_threads() -> int:
-    """CPUs this process may run on (llama.cpp's default counts physical cores instead)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-# --------------------------------------------------------------------------- loaded models
-
-_MODELS: dict[tuple[str, int, bool], Any] = {}
-_VOCABS: dict[str, Any] = {}
-
-
-def _ctx_size(needed: int) -> int:
-    return max(_MIN_CTX, -(-needed // 1024) * 1024)
-
-
-def load_gguf(path: str | os.PathLike[str], *, threads: int | None = None, n_ctx: int = _MIN_CTX,
-              flash_attn: bool = True) -> Any:
-    """A ``llama_cpp.Llama`` for ``path``, cached per (resolved path, threads, flash_attn).
-
-    A cached model whose context is smaller than ``n_ctx`` is replaced by a larger one. The
-    batch holds the whole context, so a prompt is one prefill call.
-    """
-    llama_cpp = _llama_cpp()
-    resolved = str(Path(path).expanduser().resolve())
-    if not Path(resolved).is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    threads = threads or default_threads()
-    key = (resolved, threads, flash_attn)
-    llm = _MODELS.get(key)
-    if llm is not None and llm.n_ctx() >= n_ctx:
-        return llm
-    if llm is not None:
-        llm.close()
-        del _MODELS[key]
-    size = _ctx_size(n_ctx)
-    llm = llama_cpp.Llama(model_path=resolved, n_ctx=size, n_batch=size, n_ubatch=512,
-                          n_threads=threads, n_threads_batch=threads, n_gpu_layers=0,
-                          flash_attn=flash_attn, logits_all=False, verbose=False)
-    _MODELS[key] = llm
-    return llm
-
-
-def _vocab(path: str | os.PathLike[str]) -> Any:
-    """A vocabulary-only ``Llama`` (tokenizer of the GGUF; loads in well under a second)."""
-    llama_cpp = _llama_cpp()
-    resolved = str(Path(path).expanduser().resolve())
-    vocab = _VOCABS.get(resolved)
-    if vocab is None:
-        if not Path(resolved).is_file():
-            raise FileNotFoundError(f"GGUF file not found: {path}")
-        vocab = llama_cpp.Llama(model_path=resolved, vocab_only=True, verbose=False)
-        _VOCABS[resolved] = vocab
-    return vocab
-
-
-def clear_cache() -> None:
-    """Free every model loaded by this module."""
-    for cache in (_MODELS, _VOCABS):
-        for llm in cache.values():
-            with contextlib.suppress(Exception):
-                llm.close()
-        cache.clear()
-
-
-# --------------------------------------------------------------------------- llamacpp-ar
-
-
-@contextlib.contextmanager
-def _sampler(llama_cpp: Any, temperature: float, seed: int) -> Iterator[Any]:
-    """llama.cpp sampler chain: greedy at T = 0, else temp(T) then dist(seed), nothing else."""
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    try:
-        if temperature <= 0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        else:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(
-                float(temperature)))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
-                int(seed) & 0xFFFFFFFF))
-        yield chain
-    finally:
-        llama_cpp.llama_sampler_free(chain)
-
-
-def _run_ar(prompt: list[int], *, gguf: str | os.PathLike[str], temperature: float,
-            max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
-            flash_attn: bool) -> PeerResult:
-    llama_cpp = _llama_cpp()
-    llm = load_gguf(gguf, threads=threads, n_ctx=len(prompt) + max_new_tokens,
-                    flash_attn=flash_attn)
-    eos_set = {int(t) for t in eos}
-    tokens: list[int] = []
-    calls = positions = 0
-    with _sampler(llama_cpp, temperature, seed) as chain:
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(prompt)
-        calls += 1
-        positions += len(prompt)
-        while True:
-            token = int(llama_cpp.llama_sampler_sample(chain, llm.ctx, -1))
-            tokens.append(token)
-            if token in eos_set or len(tokens) >= max_new_tokens:
-                break
-            llm.eval([token])
-            calls += 1
-            positions += 1
-        seconds = time.perf_counter() - start
-    return PeerResult(tokens=tokens, seconds=seconds, target_calls=calls,
-                      target_positions=positions - (len(prompt) - 1),
-                      notes=[f"llama.cpp plain decoding of {Path(gguf).name} ("
-                             f"{threads or default_threads()} threads, flash attention "
-                             f"{'on' if flash_attn else 'off'})"])
-
-
-def forward_ms(gguf: str | os.PathLike[str], *, context: int = 200, batch: int = 1,
-               repeats: int = 20, threads: int | None = None, flash_attn: bool = True,
-               seed: int = 0) -> list[float]:
-    """Milliseconds of each of ``repeats`` target calls scoring ``batch`` new positions after a
-    ``context``-token prefix (the prefix is evaluated once; each call is rolled back). The
-    ids are random non-special tokens; one untimed call warms up first."""
-    llm = load_gguf(gguf, threads=threads, n_ctx=context + batch, flash_attn=flash_attn)
-    rng = random.Random(seed)
-    n_plain = min(llm.n_vocab(), 151643)
-    prefix = [rng.randrange(n_plain) for _ in range(context)]
-    new = [rng.randrange(n_plain) for _ in range(batch)]
-    llm.reset()
-    llm.eval(prefix)
-    times = []
-    for i in range(repeats + 1):
-        llm.n_tokens = context  # the next eval drops the KV entries past the prefix
-        start = time.perf_counter()
-        llm.eval(new)
-        if i:
-            times.append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 # --------------------------------------------------------------------------- llamacpp-spec
@@ -646,7 +360,7 @@ def parse_speculative_output(stdout: bytes, stderr: str | bytes, *,
 
 def _eog_checker(vocab: Any) -> Callable[[int], bool]:
     """``llama_vocab_is_eog`` of the GGUF's vocabulary (its end-of-generation tokens)."""
-    llama_cpp = _llama_cpp()
+    llama_cpp = library._llama_cpp()
     pointer = llama_cpp.llama_model_get_vocab(vocab.model)
     return lambda token: bool(llama_cpp.llama_vocab_is_eog(pointer, int(token)))
 
@@ -668,7 +382,7 @@ def _generated_ids(vocab: Any, prompt: list[int], prompt_bytes: bytes, text: byt
     return ids
 
 
-def _run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
+def run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
               draft_gguf: str | os.PathLike[str], temperature: float, gamma: int,
               max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
               flash_attn: bool, binary: str | os.PathLike[str] | None,
@@ -677,7 +391,7 @@ def _run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
         if not Path(path).is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
     binary = binary or speculative_binary() or build_speculative(progress=progress)
-    vocab = _vocab(target_gguf)
+    vocab = library._vocab(target_gguf)
     text = prompt_text(vocab, prompt)
     threads = threads or default_threads()
     n_ctx = _ctx_size(len(prompt) + max_new_tokens + gamma + 2)
@@ -738,75 +452,3 @@ def _run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
     return PeerResult(tokens=ids, seconds=out.seconds, target_calls=prefill + rounds,
                       target_positions=rounds + out.n_drafted,
                       draft_calls=1 + rounds + drafted, notes=notes)
-
-
-# --------------------------------------------------------------------------- entry point
-
-
-def run_llamacpp(name: str, prompt_ids: Sequence[int], *, target_gguf: str | os.PathLike[str],
-                 draft_gguf: str | os.PathLike[str] | None, temperature: float,
-                 gamma: int | None, max_new_tokens: int, seed: int, threads: int | None = None,
-                 eos_token_ids: Sequence[int] = DEFAULT_EOS, flash_attn: bool = True,
-                 binary: str | os.PathLike[str] | None = None,
-                 progress: Progress | None = None, timeout: float | None = None) -> PeerResult:
-    """Run peer ``llamacpp-ar`` or ``llamacpp-spec`` on one prompt (token ids).
-
-    ``eos_token_ids``: the target's EOS ids (verispec's ``target.eos_token_ids``).
-    ``threads``: llama.cpp threads for both models (default: every CPU this process may use).
-    ``binary``: a ``llama-speculative-simple`` to use (default :func:`speculative_binary`,
-    built on first use by :func:`build_speculative`). Raises
-    :class:`LlamaCppUnavailableError` (with the install command) without llama-cpp-python.
-    """
-    if name not in PEERS:
-        raise ValueError(f"unknown llama.cpp peer {name!r}; known: {', '.join(PEERS)}")
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ValueError("the prompt is empty")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    _llama_cpp()  # both peers need it (spec: the vocabulary)
-    if name == "llamacpp-ar":
-        return _run_ar(prompt, gguf=target_gguf, temperature=temperature,
-                       max_new_tokens=max_new_tokens, seed=seed, threads=threads,
-                       eos=eos_token_ids, flash_attn=flash_attn)
-    if draft_gguf is None:
-        raise ValueError("llamacpp-spec needs a draft GGUF")
-    if gamma is None:
-        raise ValueError("llamacpp-spec needs an integer gamma")
-    return _run_spec(prompt, target_gguf=target_gguf, draft_gguf=draft_gguf,
-                     temperature=temperature, gamma=gamma, max_new_tokens=max_new_tokens,
-                     seed=seed, threads=threads, eos=eos_token_ids, flash_attn=flash_attn,
-                     binary=binary, progress=progress, timeout=timeout)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m verispec.bench.llamacpp {status,build-spec}``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m verispec.bench.llamacpp",
-                                     description="llama.cpp peers: status and example build")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="is llama-cpp-python usable, is the example built")
-    build = sub.add_parser("build-spec", help=f"build {SPEC_TARGET} into the verispec cache")
-    build.add_argument("--source", default=None,
-                       help="a llama.cpp tree or an unpacked llama-cpp-python sdist "
-                            "(default: download the installed version's sdist with pip)")
-    build.add_argument("--jobs", type=int, default=None)
-    build.add_argument("--force", action="store_true")
-    args = parser.parse_args(argv)
-    if args.command == "status":
-        reason = llamacpp_available()
-        state = f"usable, version {_installed_version()}" if reason is None else reason
-        print(f"llama-cpp-python: {state}")
-        print(f"{SPEC_TARGET}: {speculative_binary() or 'not built'}")
-        return 0 if reason is None else 1
-    path = build_speculative(source=args.source, jobs=args.jobs, force=args.force,
-                             progress=lambda m: print(m, file=sys.stderr))
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
