@@ -74,7 +74,7 @@ class Drafter(ABC):
         return None
 
     def admit(self, rows: Sequence[DraftRow]) -> None:
-        """New requests join (the draft model prefills their prompts)."""
+        """New requests join (a model drafter reads their context at their first draft)."""
 
     def release(self, rows: Sequence[DraftRow]) -> None:
         """These requests are finished; forget them."""

@@ -155,8 +155,9 @@ class AutoGamma:
     expected to pay back: when it costs no more than the time drafting saves (at the
     estimated α and best γ) over the tokens decoded so far plus ``PAYBACK_SHARE`` of the
     budget. A short prompt drafts from the first token; a long one with a small budget is
-    decoded plainly until its output proves long (as in ski rental, the wait costs at most
-    about one prefill). γ depends only on the past, so every lossless verifier stays
+    decoded plainly until its output proves long (as in ski rental: by the estimate, the
+    wait loses at most what one reading costs). While it waits it does not probe (a probe
+    would need the reading). γ depends only on the past, so every lossless verifier stays
     lossless.
     """
 
