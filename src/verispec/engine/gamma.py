@@ -112,11 +112,15 @@ class PassCosts:
         """c = target step / draft step."""
         return self.target_pass(1) / self.draft
 
+    def iteration(self, gamma: int) -> float:
+        """Seconds of one iteration that drafts γ tokens: γ draft steps and a target pass
+        over γ + 1 tokens."""
+        return gamma * self.draft + self.target_pass(gamma + 1)
+
     def saving(self, alpha: float, gamma: int) -> float:
         """Seconds per token that drafting γ tokens at acceptance α saves over plain
         decoding (negative: it costs)."""
-        cost = gamma * self.draft + self.target_pass(gamma + 1)
-        return self.target_pass(1) - cost / expected_tokens(alpha, gamma)
+        return self.target_pass(1) - self.iteration(gamma) / expected_tokens(alpha, gamma)
 
     def describe(self) -> str:
         return (f"target {self.target_pass(1) * 1e3:.1f} ms per token, draft "
@@ -135,8 +139,7 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 def best_gamma(alpha: float, costs: PassCosts, max_gamma: int) -> int:
     """The γ in [0, max_gamma] that maximises expected tokens per second:
     E[tokens](α, γ) / (γ · t_draft + t_target(γ + 1)); ties go to the shorter draft."""
-    rates = [expected_tokens(alpha, g) / (g * costs.draft + costs.target_pass(g + 1))
-             for g in range(max_gamma + 1)]
+    rates = [expected_tokens(alpha, g) / costs.iteration(g) for g in range(max_gamma + 1)]
     return max(range(max_gamma + 1), key=lambda g: (rates[g], -g))
 
 

@@ -3,8 +3,8 @@
 One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16``, ``int8`` or, for a
 draft, ``int4`` (:func:`resolve_precision` says what ``auto`` picks here and why).
 Qwen2/Llama-family checkpoints run on the native runtime (:mod:`verispec.models.native`),
-whose int8 weights are cached next to the float weights; other architectures run through
-transformers (:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
+whose int8 and int4 weights are cached next to the float weights; other architectures run
+through transformers (:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def pearl_law(
         out: Law = {}
         for (x,), prob in _drafts(q, vocab, ctx + window, 1):  # X'_1, drafted during the verification
             _add(out, prob, verified(ctx, room, window + (x,), False,
-                                    lambda c, r: fresh_window(c, r, gamma - 1)))
+                                     lambda c, r: fresh_window(c, r, gamma - 1)))
         return out
 
     @cache
@@ -216,7 +216,7 @@ def pearl_law(
         out: Law = {}
         for (x,), prob in _drafts(q, vocab, ctx, 1):
             _add(out, prob, verified(ctx, room, (x,), False,
-                                    lambda c, r: fresh_window(c, r, gamma - 1)))
+                                     lambda c, r: fresh_window(c, r, gamma - 1)))
         return out
 
     if gamma < 1 or length < 1:

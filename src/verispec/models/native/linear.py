@@ -88,6 +88,11 @@ def _fbgemm_pack(qweight: Tensor, scale: Tensor) -> object:
         return torch.ops.quantized.linear_prepack(q, None)
 
 
+def _present(prefix: str, **tensors: Tensor | None) -> dict[str, Tensor]:
+    """``{prefix.name: tensor}`` for the optional tensors of a layer that it has."""
+    return {f"{prefix}.{name}": t for name, t in tensors.items() if t is not None}
+
+
 class Int8Linear:
     """y = Wq (u / a) · a + b per row, u the (normed) input, a its row max-abs (module doc).
 
@@ -141,13 +146,7 @@ class Int8Linear:
             out[f"{prefix}.shape"] = torch.tensor([self.out_features, self.in_features])
         else:
             out[f"{prefix}.qweight"] = self._keep[0]
-        if self.bias is not None:
-            out[f"{prefix}.bias"] = self.bias
-        if self.norm is not None:
-            out[f"{prefix}.norm"] = self.norm
-        if self.rot is not None:
-            out[f"{prefix}.rot"] = self.rot
-        return out
+        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=self.rot)
 
     @classmethod
     def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float,
@@ -252,11 +251,7 @@ class Int4Linear:
         out = {f"{prefix}.packed": self.packed, f"{prefix}.scales": self.scales,
                f"{prefix}.shape": torch.tensor([self.out_features, self.in_features,
                                                 self.group])}
-        if self.bias is not None:
-            out[f"{prefix}.bias"] = self.bias
-        if self.norm is not None:
-            out[f"{prefix}.norm"] = self.norm
-        return out
+        return out | _present(prefix, bias=self.bias, norm=self.norm)
 
     @classmethod
     def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float) -> Int4Linear:
