@@ -20,9 +20,11 @@ from verispec.models.loading import PRECISIONS, load_model, resolve_precision
 from verispec.models.native import (
     CACHE_FILES,
     NativeCausalLM,
+    cache_file,
     from_hf_module,
     load_native,
 )
+from verispec.models.native import kernels
 from verispec.models.timing import pass_costs
 from verispec.models.native.linear import Int4Linear, int4_available, int8_available
 
@@ -30,7 +32,7 @@ CACHE = Path(os.environ.get("VERISPEC_CACHE", "~/.cache/verispec")).expanduser()
 REAL_TARGET = CACHE / "qwen2.5-coder-1.5b-instruct"
 REAL_DRAFT = CACHE / "qwen2.5-coder-0.5b-instruct"
 
-needs_int8 = pytest.mark.skipif(not int8_available(), reason="no fbgemm int8 kernels")
+needs_int8 = pytest.mark.skipif(not int8_available(), reason="no exact int8 kernel here")
 PRECS = ["float32", pytest.param("int8", marks=needs_int8)]
 
 
@@ -39,8 +41,30 @@ def module() -> Any:
     return make_tiny_model(seed=0)
 
 
+@pytest.fixture
+def own_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """verispec's cache directory (quantized weights, the kernel choice) inside tmp_path."""
+    root = tmp_path / "verispec-cache"
+    monkeypatch.setenv("VERISPEC_CACHE", str(root))
+    return root
+
+
 def native(module: Any, precision: str = "float32") -> NativeCausalLM:
     return from_hf_module(module, TinyTokenizer(), f"native-{precision}", precision)
+
+
+def native_int8(module: Any, kernel: kernels.Int8Kernel) -> NativeCausalLM:
+    """The tiny module in int8 on one given kernel."""
+    from verispec.models.native.config import NativeConfig
+    from verispec.models.native.weights import build_int8, int8_state, module_tensors
+
+    config = NativeConfig.from_hf(module.config)
+    net = build_int8(config, int8_state(config, module_tensors(module)), kernel)
+    return NativeCausalLM(net, TinyTokenizer(), str(kernel), precision="int8")
+
+
+#: every int8 kernel proven exact on this CPU (7-bit codes on every x86-64 CPU with AVX2)
+PROVEN = [pytest.param(k, id=str(k)) for k in kernels.proven()]
 
 
 def seq(n: int, seed: int) -> list[int]:
@@ -242,13 +266,14 @@ def test_cache_grows_and_reset(module: Any) -> None:
 # -- int8 ---------------------------------------------------------------------------------------
 
 
-@needs_int8
-def test_int8_rows_do_not_see_each_other(module: Any) -> None:
-    """A row's logits are the same alone and next to a row with an activation outlier."""
+@pytest.mark.parametrize("kernel", PROVEN)
+def test_int8_rows_do_not_see_each_other(module: Any, kernel: kernels.Int8Kernel) -> None:
+    """A row's logits are the same alone and next to a row with an activation outlier, and
+    k tokens scored in one pass equal the same tokens scored one at a time."""
     loud = copy.deepcopy(module)
     with torch.no_grad():
         loud.model.embed_tokens.weight[63] *= 300.0  # token 63: a huge activation
-    m = native(loud, "int8")
+    m = native_int8(loud, kernel)
     prefix = seq(6, 70)
     m.add_rows([prefix, prefix])
     block = seq(5, 71)
@@ -256,11 +281,14 @@ def test_int8_rows_do_not_see_each_other(module: Any) -> None:
     alone = m.spawn()
     alone.add_rows([prefix])
     assert torch.equal(together[0], alone.extend([block])[0])
+    alone.rollback([len(prefix)])
+    singles = torch.cat([alone.extend([[t]]) for t in block], dim=1)  # [1, 5, V]
+    assert torch.equal(together[0], singles[0])
 
 
-@needs_int8
-def test_int8_close_to_float(module: Any) -> None:
-    f, q = native(module), native(module, "int8")
+@pytest.mark.parametrize("kernel", PROVEN)
+def test_int8_close_to_float(module: Any, kernel: kernels.Int8Kernel) -> None:
+    f, q = native(module), native_int8(module, kernel)
     prefix = seq(20, 80)
     f.add_rows([prefix])
     q.add_rows([prefix])
@@ -272,32 +300,37 @@ def test_int8_close_to_float(module: Any) -> None:
 
 
 @needs_int8
-def test_int8_kernels_agree(module: Any) -> None:
-    """The fbgemm fallback computes what the oneDNN kernel computes (up to activations that
-    round the other way: fbgemm quantizes u / a itself, rounding half to even)."""
-    from verispec.models.native.config import NativeConfig
-    from verispec.models.native.weights import build_int8, int8_state, module_tensors
-
-    config = NativeConfig.from_hf(module.config)
-    outs = []
-    for kernel in ("onednn", "fbgemm"):
-        net = build_int8(config, int8_state(config, module_tensors(module)), kernel)
-        m = NativeCausalLM(net, TinyTokenizer(), kernel, precision="int8")
-        m.add_rows([seq(8, 110), seq(3, 111)])
-        outs.append(m.extend([seq(4, 112), seq(2, 113)]).softmax(-1))
-    assert float((outs[1] - outs[0]).abs().sum(-1).max()) < 0.05
+def test_int8_kernels_of_one_code_width_agree(module: Any) -> None:
+    """Two libraries fed the same codes compute the same model (up to activations that round
+    the other way: fbgemm quantizes u / a itself, rounding half to even)."""
+    widths = {k.bits for k in kernels.proven()}
+    pairs = [[k for k in kernels.proven() if k.bits == b] for b in widths]
+    pairs = [p for p in pairs if len(p) == 2]
+    if not pairs:
+        pytest.skip("one int8 library only in this torch")
+    for pair in pairs:
+        outs = []
+        for kernel in pair:
+            m = native_int8(module, kernel)
+            m.add_rows([seq(8, 110), seq(3, 111)])
+            outs.append(m.extend([seq(4, 112), seq(2, 113)]).softmax(-1))
+        assert float((outs[1] - outs[0]).abs().sum(-1).max()) < 0.05
 
 
 @needs_int8
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-def test_quantized_disk_cache_round_trip(module: Any, tmp_path: Path, precision: str) -> None:
+def test_quantized_disk_cache_round_trip(module: Any, tmp_path: Path, precision: str,
+                                         own_cache: Path) -> None:
     if precision == "int4" and not int4_available():
         pytest.skip("no CPU int4 kernel")
     module.save_pretrained(tmp_path)
     tok = TinyTokenizer()
     first = load_native(tmp_path, precision, tokenizer=tok)
-    file = tmp_path / CACHE_FILES[precision]
-    assert file.exists()
+    kernel = kernels.choose()[0] if precision == "int8" else None
+    file = cache_file(tmp_path, precision, kernel)
+    assert file.exists() and own_cache in file.parents  # verispec's cache, not the model's
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]
+    assert CACHE_FILES[precision] not in {p.name for p in tmp_path.iterdir()}
     stamp = file.stat().st_mtime_ns
     second = load_native(tmp_path, precision, tokenizer=tok)  # read from the cache
     assert file.stat().st_mtime_ns == stamp
@@ -313,7 +346,7 @@ def test_quantized_disk_cache_round_trip(module: Any, tmp_path: Path, precision:
     os.utime(weights, ns=(stamp + 10**9, stamp + 10**9))
     load_native(tmp_path, precision, tokenizer=tok)
     assert file.stat().st_mtime_ns != stamp
-    assert not list(tmp_path.glob(f".verispec-{precision}-*"))  # no temporary left behind
+    assert not list(file.parent.glob(f".{precision}-*"))  # no temporary left behind
 
 
 # -- loading and precisions ---------------------------------------------------------------------
@@ -394,22 +427,42 @@ def test_resolve_precision(monkeypatch: pytest.MonkeyPatch) -> None:
 
     cpu = torch.device("cpu")
     assert resolve_precision("float32", cpu)[0] == "float32"
-    monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni"}))
     monkeypatch.setattr(loading.platform, "machine", lambda: "x86_64")
-    if int8_available():
-        assert resolve_precision("auto", cpu)[0] == "int8"
-        assert resolve_precision("auto", cpu, "draft")[0] == ("int4" if int4_available()
-                                                              else "int8")
+    vnni, avx2 = kernels.Int8Kernel("onednn", 8), kernels.Int8Kernel("fbgemm", 7)
+    monkeypatch.setattr(kernels, "choose", lambda: (vnni, "onednn/8; proven"))
+    assert resolve_precision("auto", cpu)[0] == "int8"
+    assert resolve_precision("auto", cpu, "draft")[0] == ("int4" if int4_available()
+                                                          else "int8")
+    monkeypatch.setattr(kernels, "choose", lambda: (avx2, "fbgemm/7; proven"))
+    name, why = resolve_precision("auto", cpu)
+    assert name == "int8" and "fbgemm/7" in why
+    assert resolve_precision("auto", cpu, "draft")[0] == "int8"  # int4 is slower on AVX2
+    monkeypatch.setattr(kernels, "choose", lambda: (None, "no exact kernel here"))
     monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert resolve_precision("auto", cpu)[0] == "bfloat16"
     assert resolve_precision("auto", cpu, "draft")[0] == "bfloat16"  # int4 comes with int8
-    with pytest.raises(ValueError, match="VNNI"):
+    with pytest.raises(ValueError, match="no exact kernel here"):
         resolve_precision("int8", cpu)
     monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx2"}))
     name, why = resolve_precision("auto", cpu)
     assert name == "float32" and "auto" in why
     with pytest.raises(ValueError, match="x86 CPUs only"):
         resolve_precision("int8", torch.device("meta"))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the int8 table is for x86-64")
+def test_auto_is_int8_on_every_x86_cpu_with_avx2() -> None:
+    """On this CPU, whichever family it is: int8 for both models where AVX2 is present, int4
+    for the draft only where the chosen kernel takes 8-bit codes."""
+    from verispec.telemetry.machine import cpu_info
+
+    cpu = torch.device("cpu")
+    if "avx2" not in cpu_info().flags:
+        pytest.skip("no AVX2")
+    kernel, _ = kernels.choose()
+    assert kernel is not None and resolve_precision("auto", cpu)[0] == "int8"
+    draft = resolve_precision("auto", cpu, "draft")[0]
+    assert draft == ("int4" if kernel.bits == 8 and int4_available() else "int8")
 
 
 def test_load_model_runs_qwen2_dirs_natively(module: Any, tmp_path: Path) -> None:

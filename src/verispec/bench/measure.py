@@ -18,6 +18,7 @@ from typing import Self
 import torch
 
 from verispec.models.base import CausalLM
+from verispec.models.native.kernels import ISA_ENV, choose
 from verispec.telemetry.machine import cpu_info
 
 __all__ = ["MemoryMeter", "derive_seed", "machine_description", "rescore", "rss_bytes",
@@ -38,6 +39,16 @@ def machine_description() -> str:
     have = [x for x in KERNEL_FLAGS if x in flags]
     text = (f"{model}, {os.cpu_count()} cores, flags {' '.join(have) or 'unknown'}"
             f" (no {' '.join(x for x in KERNEL_FLAGS if x not in flags)})" if flags else model)
+    caps = [f"{e}={os.environ[e]}" for e in ISA_ENV if os.environ.get(e)]
+    if caps:  # a VNNI CPU dispatching as one without it
+        text += f"; ISA capped ({' '.join(caps)}: emulated AVX2)"
+    try:
+        kernel, _ = choose()
+    except ValueError as e:  # a bad override
+        text += f"; int8 kernel: {e}"
+    else:
+        if kernel is not None:
+            text += f"; int8 kernel {kernel}"
     if torch.cuda.is_available():
         text += f"; GPU {torch.cuda.get_device_name(0)}"
     return text

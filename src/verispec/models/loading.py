@@ -14,11 +14,15 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from verispec.models.base import CausalLM
 from verispec.telemetry.machine import cpu_info
+
+if TYPE_CHECKING:
+    from verispec.models.native.kernels import Int8Kernel
 
 __all__ = [
     "PRECISIONS",
@@ -59,18 +63,14 @@ def _x86_missing(device: torch.device, precision: str) -> str | None:
     return None
 
 
-def _int8_missing(device: torch.device) -> str | None:
-    """Why int8 cannot run on ``device`` (None: it can)."""
+def _int8_kernel(device: torch.device) -> tuple[Int8Kernel | None, str]:
+    """(the int8 kernel for ``device``, why) or (None, why int8 cannot run there)."""
     missing = _x86_missing(device, "int8")
     if missing:
-        return missing
-    if not _cpu_flags() & {"avx512_vnni", "avx_vnni"}:
-        return "int8 needs a CPU with VNNI instructions (avx512_vnni or avx_vnni)"
-    from verispec.models.native.linear import int8_available
+        return None, missing
+    from verispec.models.native.kernels import choose
 
-    if not int8_available():
-        return "int8 needs PyTorch's oneDNN or fbgemm int8 kernels, absent from this torch build"
-    return None
+    return choose()
 
 
 def _int4_missing(device: torch.device) -> str | None:
@@ -90,9 +90,12 @@ def resolve_precision(precision: str, device: torch.device,
     """(precision, a sentence saying why) for ``auto|float32|bfloat16|int8|int4`` on
     ``device``, for a model in ``role`` (``target`` or ``draft``).
 
-    ``auto``: on an x86 CPU with VNNI and PyTorch's int8 kernels, int8 for a target and
-    weight-only int4 for a draft (where the int4 kernel exists; int8 otherwise); bfloat16
-    on CUDA with bf16 support or a CPU with native bf16 instructions; float32 otherwise.
+    ``auto``: on an x86-64 CPU where an int8 kernel of this torch is proven exact
+    (:mod:`verispec.models.native.kernels`), int8 for a target; for a draft weight-only
+    int4 where the int8 kernel takes 8-bit codes (VNNI: there the int4 draft step is faster
+    than the int8 one) and the int4 kernel exists, int8 otherwise (on AVX2 alone the int4
+    kernel, with bfloat16 activations, is slower than int8); bfloat16 on CUDA with bf16
+    support or a CPU with native bf16 instructions; float32 otherwise.
     ``int4`` is for drafts only: its rounding may depend on how many tokens a pass scores,
     which a draft may do (q is recorded in the pass that drew each token) and a target may
     not. Raises ValueError for an unknown precision or role, for int4 on a target and where
@@ -112,18 +115,19 @@ def resolve_precision(precision: str, device: torch.device,
             raise ValueError(f"{missing}; use --draft-precision int8, bfloat16 or float32")
         return "int4", "int4 (requested)"
     if precision == "int8":
-        missing = _int8_missing(device)
-        if missing:
-            raise ValueError(f"{missing}; use --precision bfloat16 or float32")
-        return "int8", "int8 (requested)"
+        kernel, why = _int8_kernel(device)
+        if kernel is None:
+            raise ValueError(f"{why}; use --precision bfloat16 or float32")
+        return "int8", f"int8 (requested; kernel {why})"
     if precision != "auto":
         return precision, f"{precision} (requested)"
-    if _int8_missing(device) is None:
-        if role == "draft" and _int4_missing(device) is None:
-            return "int4", ("int4 (auto: a draft on an x86 CPU with VNNI; weight-only int4 "
-                            "halves its weight traffic, its int8 form reads prompts)")
-        return "int8", "int8 (auto: x86 CPU with VNNI int8 instructions)"
-    return _auto_float(device)
+    kernel, why = _int8_kernel(device)
+    if kernel is None:
+        return _auto_float(device)
+    if role == "draft" and kernel.bits == 8 and _int4_missing(device) is None:
+        return "int4", ("int4 (auto: a draft on an x86 CPU with VNNI; weight-only int4 "
+                        f"halves its weight traffic, its int8 form reads prompts; kernel {why})")
+    return "int8", f"int8 (auto: kernel {why})"
 
 
 def _auto_float(device: torch.device) -> tuple[str, str]:

@@ -17,10 +17,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="numeric format of both models; auto picks int8 (int4 for the "
-                        "draft) on an x86 CPU with VNNI, bfloat16 on a GPU or a CPU with "
-                        "native bf16, float32 otherwise (the choice is printed); int4 "
-                        "(weight-only) is for drafts only")
+                   help="numeric format of both models; auto picks int8 on an x86-64 CPU "
+                        "where an int8 kernel is proven exact (8-bit activation codes with "
+                        "VNNI, 7-bit without; int4 for the draft with VNNI), bfloat16 on a "
+                        "GPU or a CPU with native bf16, float32 otherwise (the choice is "
+                        "printed); int4 (weight-only) is for drafts only; "
+                        "VERISPEC_INT8_KERNEL=library/bits overrides the int8 kernel")
     p.add_argument("--target-precision", choices=PRECISIONS, default=None,
                    help="override --precision for the target")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
-from verispec.models.native.linear import int4_available, int8_available
+from verispec.models.native.linear import default_kernel, int4_available, int8_available
 from verispec.models.native.lm import NativeCausalLM
 from verispec.models.native.model import Transformer
 from verispec.models.native.weights import (
@@ -27,6 +27,7 @@ from verispec.models.native.weights import (
     build_dense,
     build_int4,
     build_int8,
+    cache_file,
     dir_tensors,
     int4_state,
     int8_state,
@@ -43,6 +44,7 @@ __all__ = [
     "NativeConfig",
     "Transformer",
     "UnsupportedModelError",
+    "cache_file",
     "from_hf_module",
     "load_native",
     "native_supports",
@@ -68,9 +70,7 @@ def _check(precision: str, device: torch.device) -> None:
         if device.type != "cpu":
             raise ValueError(f"int8 runs on the CPU only (oneDNN / fbgemm kernels), not on "
                              f"{device}; use bfloat16 or float32 there")
-        if not int8_available():
-            raise ValueError("int8 needs PyTorch's oneDNN or fbgemm int8 kernels, absent from "
-                             "this torch build")
+        default_kernel()  # ValueError with the reason where no kernel is exact here
 
 
 def _eos(generation: Any, tokenizer: Any, config: Any) -> frozenset[int]:
@@ -118,10 +118,11 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 progress: Callable[[str], None] | None = None) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
 
-    int8 and int4: the quantized weights are read from ``<path>/verispec-int8.safetensors``
-    (``verispec-int4.safetensors``) when it exists and matches the float weights; otherwise
-    they are made from the float weights and (``cache=True``) saved there for the next load.
-    A directory that cannot be written just skips the saving.
+    int8 and int4: the quantized weights are read from verispec's cache
+    (:func:`cache_file`: per model directory, kernel and machine) when it holds them for
+    these float weights; otherwise they are made from the float weights and
+    (``cache=True``) saved there for the next load. A cache that cannot be written just
+    skips the saving.
     """
     path = Path(path)
     dev = torch.device(device) if device is not None else torch.device("cpu")
@@ -155,25 +156,26 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
                    progress: Callable[[str], None] | None) -> Transformer:
     """The int8 or int4 model of ``path``, from its cache file when valid (else made and
     cached)."""
-    file = CACHE_FILES[precision]
+    kernel = default_kernel() if precision == "int8" else None
     build = build_int8 if precision == "int8" else build_int4
-    state = load_cache(path, precision) if cache else None
+    state = load_cache(path, precision, kernel) if cache else None
     if state is not None:
         try:
-            return build(config, state)
-        except RuntimeError as e:  # packed weights this torch cannot rebuild
-            say(f"ignoring {file}: {e}")
-    say(f"quantizing {path.name} to {precision} (once; cached as {file})")
-    if precision == "int8":
-        net = build_int8(config, int8_state(config, dir_tensors(path), progress))
+            return build(config, state, kernel) if kernel else build(config, state)
+        except (RuntimeError, ValueError) as e:  # packed weights this torch cannot rebuild
+            say(f"ignoring the cached {precision} weights: {e}")
+    what = f"{precision} ({kernel})" if kernel else precision
+    say(f"quantizing {path.name} to {what} (once; cached in {cache_file(path, precision, kernel).parent})")
+    if kernel is not None:
+        net = build_int8(config, int8_state(config, dir_tensors(path), progress), kernel)
         state = packed_state(net)
     else:
         state = int4_state(config, dir_tensors(path))
         net = build_int4(config, state)
     if cache:
         try:
-            saved = save_cache(path, precision, state)
-            say(f"saved {saved} ({saved.stat().st_size / 2**30:.2f} GiB)")
+            saved = save_cache(path, precision, state, kernel)
+            say(f"saved {saved.name} ({saved.stat().st_size / 2**30:.2f} GiB)")
         except OSError as e:
-            say(f"could not cache the {precision} weights in {path}: {e}")
+            say(f"could not cache the {precision} weights: {e}")
     return net

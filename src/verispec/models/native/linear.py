@@ -11,12 +11,15 @@ x is always 2-D, [M, K] -> [M, N].
 
 **Int8.** Weights are int8 with one symmetric scale per output channel. Activations are
 quantized **per row** (per token): row m is divided by its own max-abs a_m, so it lies in
-[-1, 1], is quantized with the fixed scale 1/127 (uint8, zero point 128) inside fbgemm's
-``linear_with_input_q_dq_qweight_dq_output_fp32`` and the result is multiplied by a_m.
-Nothing a row sees depends on the other rows of the pass (PyTorch's dynamic int8 linear
-picks one scale for the whole tensor, so an outlier in one token would move every other
-token's output), which speculative decoding needs: scoring k tokens in one pass gives each
-position the distribution it gets one token at a time.
+[-1, 1], is quantized with a fixed scale (uint8 codes around a fixed zero point) and the
+result is multiplied by a_m. Nothing a row sees depends on the other rows of the pass
+(PyTorch's dynamic int8 linear picks one scale for the whole tensor, so an outlier in one
+token would move every other token's output), which speculative decoding needs: scoring k
+tokens in one pass gives each position the distribution it gets one token at a time.
+
+The kernel and the width of the codes (8 bits where the CPU accumulates products in int32,
+7 bits where it adds pairs of them in a saturating int16) come from
+:mod:`verispec.models.native.kernels`, which proves every candidate exact on this CPU.
 
 The RMSNorm in front of a layer is folded: rmsnorm(x) ⊙ γ = r · (x ⊙ γ) with one number r
 per row, and a row's scalar factors cancel in the division by its max-abs, so the int8
@@ -26,19 +29,16 @@ factors, as in SmoothQuant, would enter the same way: x ⊙ γ / s with W·diag(
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import verispec.models.native.kernels as kernels
 import verispec.models.native.onednn as onednn
+from verispec.models.native.kernels import Int8Kernel
 
 __all__ = ["DenseLinear", "Int4Linear", "Int8Linear", "default_kernel", "int4_available",
            "int8_available", "quantize_weight"]
-
-X_SCALE = 1.0 / 127.0  # activations after division by their row max-abs lie in [-1, 1]
-X_ZERO = 128  # uint8 zero point: -1 -> 1, 0 -> 128, +1 -> 255
 
 
 class DenseLinear:
@@ -70,22 +70,16 @@ def quantize_weight(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def int8_available() -> bool:
-    """Some int8 kernel (oneDNN or fbgemm) is compiled into this torch."""
-    return onednn.available() or "fbgemm" in torch.backends.quantized.supported_engines
+    """Some int8 kernel of this torch is proven exact on this CPU (:mod:`kernels`)."""
+    return bool(kernels.proven())
 
 
-def default_kernel() -> str:
-    """``onednn`` (packed weights can be cached on disk) when present, else ``fbgemm``."""
-    return "onednn" if onednn.available() else "fbgemm"
-
-
-def _fbgemm_pack(qweight: Tensor, scale: Tensor) -> object:
-    """fbgemm packed weights for int8 [N, K] with per-channel scales (no bias: see below)."""
-    with warnings.catch_warnings():  # quantized tensors are announced as moving to torchao
-        warnings.simplefilter("ignore")
-        zeros = torch.zeros(scale.shape, dtype=torch.int64)
-        q = torch._make_per_channel_quantized_tensor(qweight, scale.double(), zeros, 0)
-        return torch.ops.quantized.linear_prepack(q, None)
+def default_kernel() -> Int8Kernel:
+    """The int8 kernel chosen for this CPU (:func:`kernels.choose`); ValueError if none."""
+    kernel, why = kernels.choose()
+    if kernel is None:
+        raise ValueError(f"int8 is not available: {why}")
+    return kernel
 
 
 def _present(prefix: str, **tensors: Tensor | None) -> dict[str, Tensor]:
@@ -96,18 +90,20 @@ def _present(prefix: str, **tensors: Tensor | None) -> dict[str, Tensor]:
 class Int8Linear:
     """y = Wq (u / a) · a + b per row, u the (normed) input, a its row max-abs (module doc).
 
-    ``kernel``: ``onednn`` (``onednn::qlinear_pointwise``; the input is quantized here to
-    uint8) or ``fbgemm`` (``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``,
-    which quantizes u / a itself with the same fixed scale). Both compute exact int32 dot
-    products, so a row's output does not depend on the other rows. The bias is added after
-    the per-row rescaling, so it stays out of the packed weights.
+    ``kernel``: the library and code width (:class:`~verispec.models.native.kernels.
+    Int8Kernel`); every kernel of the table computes exact integer dot products where it is
+    used, so a row's output does not depend on the other rows. The bias is added after the
+    per-row rescaling, so it stays out of the packed weights.
     """
 
     def __init__(self, packed: object, scale: Tensor, bias: Tensor | None, norm: Tensor | None,
-                 eps: float, shape: tuple[int, int], kernel: str,
+                 eps: float, shape: tuple[int, int], kernel: Int8Kernel,
                  keep: tuple[Tensor, ...] = (), rot: Tensor | None = None) -> None:
         self.packed = packed
-        self.rot = None if rot is None else rot.float().contiguous()  # [b, b] orthogonal
+        # [b, b] orthogonal, applied in float64: a float32 matmul's summation order follows
+        # the kernel its shape selects (a one-row pass takes a matrix-vector path), float64
+        # rounded to float32 gives every row the same result whatever the pass holds
+        self.rot = None if rot is None else rot.double().contiguous()
         self.scale = scale.float().contiguous()  # [N]
         self.bias = None if bias is None else bias.float().contiguous()  # [N]
         self.norm = None if norm is None else norm.float().contiguous()  # [K]
@@ -119,45 +115,47 @@ class Int8Linear:
         self._keep = keep  # tensors the packed weight lives on (restored oneDNN blobs), or
         # the int8 weight itself (fbgemm), for saving
         self._zeros = torch.zeros(shape[0], dtype=torch.int64)  # [N] weight zero points
-        self._half = torch.tensor(X_ZERO + 0.5)  # rounding offset: trunc(v + 128.5)
+        self._half = torch.tensor(kernel.x_zero + 0.5)  # rounding offset: trunc(v + z + .5)
         self._eps = torch.tensor(eps)
 
     @classmethod
     def from_int8(cls, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
                   norm: Tensor | None = None, eps: float = 1e-6,
-                  kernel: str | None = None, rot: Tensor | None = None) -> Int8Linear:
+                  kernel: Int8Kernel | None = None, rot: Tensor | None = None) -> Int8Linear:
         """From int8 [N, K] weights and their scales [N] (packs them: slow for big layers)."""
         kernel = kernel or default_kernel()
-        if kernel == "onednn":
-            packed, keep = onednn.pack(qweight), ()
-        elif kernel == "fbgemm":
-            packed, keep = _fbgemm_pack(qweight, scale), (qweight,)
-        else:
-            raise ValueError(f"unknown int8 kernel {kernel!r}")
+        packed = kernels.pack(kernel, qweight, scale)
+        keep = (qweight,) if kernel.library == "fbgemm" else ()
         return cls(packed, scale, bias, norm, eps, tuple(qweight.shape), kernel, keep, rot)
 
     def state(self, prefix: str) -> dict[str, Tensor]:
         """Tensors that rebuild this layer (:meth:`from_state`): the packed oneDNN bytes and
         descriptor, or the int8 weight for fbgemm."""
         out = {f"{prefix}.scale": self.scale}
-        if self.kernel == "onednn":
+        if self.kernel.library == "onednn":
             blob, md = onednn.save(self.packed)  # type: ignore[arg-type]
             out[f"{prefix}.blob"], out[f"{prefix}.md"] = blob, md
             out[f"{prefix}.shape"] = torch.tensor([self.out_features, self.in_features])
         else:
             out[f"{prefix}.qweight"] = self._keep[0]
-        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=self.rot)
+        rot = None if self.rot is None else self.rot.float()  # made in float32: exact
+        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=rot)
 
     @classmethod
     def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float,
-                   kernel: str | None = None) -> Int8Linear:
+                   kernel: Int8Kernel | None = None) -> Int8Linear:
+        """The layer from :meth:`state`'s tensors (packed oneDNN bytes only for a oneDNN
+        ``kernel``) or from unpacked int8 weights (packed here for ``kernel``)."""
+        kernel = kernel or default_kernel()
         scale, bias, norm, rot = (state[f"{prefix}.{x}"] if f"{prefix}.{x}" in state else None
                                   for x in ("scale", "bias", "norm", "rot"))
         if f"{prefix}.blob" in state:
+            if kernel.library != "onednn":
+                raise ValueError(f"{prefix}: packed oneDNN weights cannot run on {kernel}")
             blob, md = state[f"{prefix}.blob"], state[f"{prefix}.md"]
             n, k = int(scale.numel()), int(state[f"{prefix}.shape"][1])  # type: ignore[union-attr]
             packed = onednn.restore(blob, md, (k, n))
-            return cls(packed, scale, bias, norm, eps, (n, k), "onednn", (blob, md), rot)  # type: ignore[arg-type]
+            return cls(packed, scale, bias, norm, eps, (n, k), kernel, (blob, md), rot)  # type: ignore[arg-type]
         return cls.from_int8(state[f"{prefix}.qweight"], scale, bias, norm, eps, kernel, rot)  # type: ignore[arg-type]
 
     def _scaled(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -170,16 +168,9 @@ class Int8Linear:
         """
         u = x if self._factors is None else x * self._factors  # [M, K]
         if self.rot is not None:  # block-diagonal rotation: spreads outliers within blocks
-            u = (u.view(-1, self.rot.shape[0]) @ self.rot).view(u.shape)
+            u = (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
         a = torch.linalg.vector_norm(u, float("inf"), dim=-1, keepdim=True)  # [M, 1] max|u|
-        if self.kernel == "onednn":
-            xq = torch.addcdiv(self._half, u, a, value=127.0).to(torch.uint8)  # [M, K], 1..255
-            y = torch.ops.onednn.qlinear_pointwise(
-                xq, X_SCALE, X_ZERO, self.packed, self.scale, self._zeros, None, 1.0, 0,
-                torch.float32, "none", [], "")
-        else:
-            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-                u / a, X_SCALE, X_ZERO, self.packed)
+        y = kernels.matmul(self.kernel, self.packed, u, a, self.scale, self._zeros, self._half)
         if self.norm is None:
             return y, a
         ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)  # [M, 1] sqrt(Σ x²)

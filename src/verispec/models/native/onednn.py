@@ -9,22 +9,19 @@ tensor can be rebuilt over saved bytes through AOTInductor's C shim
 constants). The rebuilt tensor does not own its bytes: the caller keeps them alive.
 
 The blocked layout depends on the CPU's instruction set and the oneDNN version, so saved
-blobs are only valid with the same :func:`signature`.
+blobs are only valid with the same :func:`verispec.models.native.kernels.signature`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 from functools import cache
 
 import torch
 from torch import Tensor
 
-from verispec.telemetry.machine import cpu_info
-
-__all__ = ["available", "pack", "restore", "save", "signature"]
+__all__ = ["available", "pack", "restore", "save"]
 
 
 def available() -> bool:
@@ -77,12 +74,3 @@ def restore(blob: Tensor, md: Tensor, shape: tuple[int, int]) -> Tensor:
     if out.layout != torch._mkldnn or tuple(out.shape) != tuple(shape):
         raise RuntimeError("rebuilt oneDNN weight has the wrong layout")
     return out
-
-
-@cache
-def signature() -> str:
-    """What the packed layout depends on: torch (and so oneDNN) and the CPU's vector ISA."""
-    flags = " ".join(sorted(x for x in cpu_info().flags
-                            if x.startswith(("avx", "amx", "fma", "f16c"))))
-    text = f"{torch.__version__}|{flags}"  # a torch version pins its oneDNN
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -6,14 +6,18 @@ into one matrix, gate/up into one matrix.
 
 Int8: every linear layer, lm_head included, becomes int8 with per-output-channel scales.
 Int4 (drafts only): every linear layer becomes weight-only int4. In both the embedding is
-stored as float16 (only the looked-up rows are read). A quantized state is saved as
-``<model dir>/verispec-int8.safetensors`` or ``verispec-int4.safetensors`` (written under a
-temporary name and renamed into place) and loaded directly when present and made from the
-same weights, by the same format version, for the same CPU and torch.
+stored as float16 (only the looked-up rows are read). A quantized state is saved in
+verispec's cache directory, never in the model's (other tools load every ``*.safetensors``
+of a model directory): :func:`cache_file` names one file per model directory, precision,
+int8 kernel and machine signature (:func:`~verispec.models.native.kernels.signature`: torch,
+CPU flags, ISA caps and the kernels proven exact), so a layout or code width made for
+another CPU is never served. It is written under a temporary name and renamed into place,
+and loaded directly when present and made from the same weights by the same format version.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -24,13 +28,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import verispec.models.native.onednn as onednn
+import verispec.models.native.kernels as kernels
 from verispec.models.native.config import NativeConfig
+from verispec.models.native.kernels import Int8Kernel
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear, quantize_weight
 from verispec.models.native.model import Block, Transformer
 
 __all__ = [
     "CACHE_FILES",
+    "cache_file",
     "build_dense",
     "build_int4",
     "build_int8",
@@ -43,10 +49,11 @@ __all__ = [
     "save_cache",
 ]
 
-#: precision -> (cache file in the model directory, format version of its contents)
-CACHES = {"int8": ("verispec-int8.safetensors", "verispec-int8/2"),
-          "int4": ("verispec-int4.safetensors", "verispec-int4/1")}
-CACHE_FILES = {precision: file for precision, (file, _) in CACHES.items()}
+#: precision -> format version of a cache file's contents
+CACHE_VERSIONS = {"int8": "verispec-int8/3", "int4": "verispec-int4/2"}
+#: names of the caches that older versions wrote into a model directory (never read as
+#: weights, never written any more)
+CACHE_FILES = {"int8": "verispec-int8.safetensors", "int4": "verispec-int4.safetensors"}
 
 Getter = Callable[[str], Tensor | None]  # HF tensor name -> tensor (None if absent)
 
@@ -272,7 +279,7 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
     return state
 
 
-def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: str | None = None,
+def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | None = None,
                ) -> Transformer:
     """The CPU int8 model from :func:`int8_state`'s tensors (packed for the int8 kernel) or
     from :func:`packed_state`'s (oneDNN weights already packed)."""
@@ -302,22 +309,40 @@ def _source_stamp(path: Path) -> str:
                        for f in _weight_files(path)}, sort_keys=True)
 
 
-def load_cache(path: str | os.PathLike[str], precision: str) -> dict[str, Tensor] | None:
+def cache_file(path: str | os.PathLike[str], precision: str,
+               kernel: Int8Kernel | None = None) -> Path:
+    """verispec's cache file for the ``precision`` (int8 or int4) weights of the model in
+    directory ``path``, made for int8 ``kernel`` (int8 only) on this machine signature."""
+    from verispec.models.fetch import cache_dir
+
+    path = Path(path).resolve()
+    where = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if precision == "int8":
+        if kernel is None:
+            raise ValueError("an int8 cache file is made for one int8 kernel")
+        tag = f"int8-{kernel.library}-{kernel.bits}bit"
+    else:
+        tag = precision
+    return cache_dir() / "quantized" / f"{path.name}-{where}" / f"{tag}-{kernels.signature()}.safetensors"
+
+
+def load_cache(path: str | os.PathLike[str], precision: str,
+               kernel: Int8Kernel | None = None) -> dict[str, Tensor] | None:
     """The cached ``precision`` (int8 or int4) state of the model in directory ``path``, or
-    None when there is none or it was made from other weights, by another format version or
-    for another CPU / torch (packed layouts depend on both)."""
+    None when there is none or it was made from other weights or by another format version
+    (the file's name already pins the kernel and the machine signature)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    name, version = CACHES[precision]
-    file = Path(path) / name
+    file = cache_file(path, precision, kernel)
     if not file.exists():
         return None
     try:
         with safe_open(str(file), framework="pt") as h:
             meta = h.metadata() or {}
-        if (meta.get("format") != version or meta.get("source") != _source_stamp(Path(path))
-                or meta.get("cpu") != onednn.signature()):
+        if (meta.get("format") != CACHE_VERSIONS[precision]
+                or meta.get("source") != _source_stamp(Path(path))
+                or meta.get("cpu") != kernels.signature()):
             return None
         state = {k: v for k, v in load_file(str(file)).items()  # mmapped: read on first use
                  if not k.startswith("__pad__.")}
@@ -366,20 +391,23 @@ def _write_aligned(tensors: dict[str, Tensor], file: str, metadata: dict[str, st
         os.fsync(f.fileno())
 
 
-def save_cache(path: str | os.PathLike[str], precision: str, state: dict[str, Tensor]) -> Path:
-    """Write ``state`` to ``precision``'s cache file in ``path`` atomically; returns the file."""
-    path = Path(path)
-    name, version = CACHES[precision]
-    meta = {"format": version, "source": _source_stamp(path), "cpu": onednn.signature()}
-    fd, tmp = tempfile.mkstemp(prefix=f".verispec-{precision}-", suffix=".tmp", dir=path)
+def save_cache(path: str | os.PathLike[str], precision: str, state: dict[str, Tensor],
+               kernel: Int8Kernel | None = None) -> Path:
+    """Write ``state`` to :func:`cache_file` atomically; returns the file."""
+    file = cache_file(path, precision, kernel)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": CACHE_VERSIONS[precision], "source": _source_stamp(Path(path)),
+            "cpu": kernels.signature(), "kernel": str(kernel) if kernel else precision,
+            "model": str(Path(path).resolve())}
+    fd, tmp = tempfile.mkstemp(prefix=f".{precision}-", suffix=".tmp", dir=file.parent)
     os.close(fd)
     try:
         _write_aligned(state, tmp, meta)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path / name)
+        os.replace(tmp, file)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path / name
+    return file

@@ -1,0 +1,275 @@
+"""Which int8 kernel the native runtime uses on this CPU, and with how many activation bits.
+
+An int8 layer multiplies uint8 activation codes by int8 weights. Where the CPU has VNNI
+(``vpdpbusd``) the kernels add each product into an int32 and every dot product is exact.
+Without it (AVX2 only: AMD before Zen 4, Intel before Ice Lake / Cascade Lake) oneDNN and
+fbgemm add *pairs* of products into a **saturating int16** (``vpmaddubsw``) before widening:
+with codes up to 255 and weights up to ±127 a pair reaches 64,770 > 32,767 and the result is
+silently wrong, in a way that depends on the pass size (rows see each other).
+
+So an activation code width is a property of a (library, CPU) pair:
+
+* **8-bit codes** — 1..255 around zero point 128 (scale 1/127): exact only where the kernel
+  accumulates in int32;
+* **7-bit codes** — 1..127 around zero point 64 (scale 1/63): a pair sums to at most
+  2·127·127 = 32,258 < 32,767, so every integer dot product is exact on any x86-64 CPU with
+  AVX2.
+
+Flags can mislead (a hypervisor may hide them; ``ONEDNN_MAX_CPU_ISA`` and
+``FBGEMM_ENABLE_INSTRUCTIONS`` change what the libraries run; fbgemm uses VNNI only with
+``avx512_vnni``), so every candidate proves itself: :func:`proven` runs an adversarial product
+(weights ±127, inputs at the extreme codes, both signs, several pass sizes) through it and
+keeps it only when the result is the exact integer product. Among the proven kernels of the
+widest code width the fastest on this CPU is used (:func:`choose`, a short timing made once
+and recorded in verispec's cache directory); ``VERISPEC_INT8_KERNEL`` (e.g. ``fbgemm/7``)
+overrides the choice. The table :data:`KERNELS` has one entry per CPU architecture; an
+architecture without an entry (aarch64 today) gets no int8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+import verispec.models.native.onednn as onednn
+from verispec.telemetry.machine import cpu_info
+
+__all__ = ["KERNELS", "KERNEL_ENV", "Int8Kernel", "choose", "exactness_error", "parse",
+           "proven", "signature"]
+
+KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
+#: what oneDNN and fbgemm read to cap the instruction set they dispatch to
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
+SELF_TEST_K = 256  # input width of the adversarial product (|result| < 2^24: exact in float32)
+SELF_TEST_ROWS = (1, 3, 8, 37)  # pass sizes the adversarial product is run at
+TIMING_SHAPE = (4096, 1024)  # [N, K] of the layer the candidates are timed on
+TIMING_ROWS = (1, 4)  # the pass sizes decoding uses most
+TIMING_REPEATS = 15
+
+
+@dataclass(frozen=True)
+class Int8Kernel:
+    """An int8 matmul library and the width of the activation codes it is fed."""
+
+    library: str  # "onednn" | "fbgemm"
+    bits: int  # 8: codes 1..255 around 128; 7: codes 1..127 around 64
+
+    @property
+    def x_scale(self) -> float:
+        """The value of one code step for an input in [-1, 1]."""
+        return 1.0 / (2 ** (self.bits - 1) - 1)
+
+    @property
+    def x_zero(self) -> int:
+        """The code of 0."""
+        return 2 ** (self.bits - 1)
+
+    def __str__(self) -> str:
+        return f"{self.library}/{self.bits}"
+
+
+#: candidates per CPU architecture, in order of preference when timings tie
+KERNELS: dict[str, tuple[Int8Kernel, ...]] = {
+    "x86_64": (Int8Kernel("onednn", 8), Int8Kernel("fbgemm", 8),
+               Int8Kernel("fbgemm", 7), Int8Kernel("onednn", 7)),
+}
+
+
+def _arch() -> str:
+    machine = platform.machine().lower()
+    return "x86_64" if machine in ("x86_64", "amd64") else machine
+
+
+def _library_present(library: str) -> bool:
+    if library == "onednn":
+        return onednn.available()
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def parse(text: str) -> Int8Kernel:
+    """``library/bits`` (``onednn/8``, ``fbgemm/7``, ...) -> a kernel of the table."""
+    library, _, bits = text.strip().partition("/")
+    known = [k for ks in KERNELS.values() for k in ks]
+    for k in known:
+        if k.library == library and str(k.bits) == bits:
+            return k
+    raise ValueError(f"unknown int8 kernel {text!r}; one of {', '.join(map(str, known))}")
+
+
+# -- running one -------------------------------------------------------------------------------
+
+
+def pack(kernel: Int8Kernel, qweight: Tensor, scale: Tensor) -> object:
+    """``kernel``'s packed form of int8 weights [N, K] with per-row scales [N]."""
+    if kernel.library == "onednn":
+        return onednn.pack(qweight)
+    with warnings.catch_warnings():  # quantized tensors are announced as moving to torchao
+        warnings.simplefilter("ignore")
+        zeros = torch.zeros(scale.shape, dtype=torch.int64)
+        q = torch._make_per_channel_quantized_tensor(qweight, scale.double(), zeros, 0)
+        return torch.ops.quantized.linear_prepack(q, None)
+
+
+def matmul(kernel: Int8Kernel, packed: object, u: Tensor, a: Tensor, scale: Tensor,
+           zeros: Tensor, half: Tensor) -> Tensor:
+    """[M, N]: Σ_k code(u[m, k] / a[m]) · W[n, k] · x_scale · scale[n] for inputs ``u``
+    [M, K] and their row max-abs ``a`` [M, 1] (so u / a lies in [-1, 1]); ``zeros`` [N] are
+    the weights' zero points (0), ``half`` the scalar x_zero + 0.5."""
+    if kernel.library == "onednn":  # quantized here: trunc(u / a / x_scale + x_zero + 0.5)
+        xq = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(
+            xq, kernel.x_scale, kernel.x_zero, packed, scale, zeros, None, 1.0, 0,
+            torch.float32, "none", [], "")
+    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        u / a, kernel.x_scale, kernel.x_zero, packed)  # fbgemm quantizes u / a itself
+
+
+# -- proving and timing ----------------------------------------------------------------------
+
+
+def _adversarial() -> tuple[Tensor, Tensor]:
+    """(weights int8 [6, K], inputs [6, K] in [-1, 1]): every sign pattern of ±127 weights
+    against inputs at the extreme codes, where a saturating int16 pair sum is furthest off."""
+    k = SELF_TEST_K
+    w = torch.full((6, k), 127, dtype=torch.int8)
+    w[1] = -127
+    w[2, ::2] = -127
+    w[3, 1::2] = -127
+    w[4, : k // 2] = -127
+    w[5] = torch.where(torch.arange(k) % 3 == 0, -127, 127).to(torch.int8)
+    v = torch.ones(6, k)
+    v[1] = -1.0
+    v[2, ::2] = -1.0
+    v[3, 1::2] = -1.0
+    v[4, k // 2:] = -1.0
+    v[5] = torch.where(torch.arange(k) % 4 == 0, 1.0, -1.0)
+    return w, v
+
+
+def exactness_error(kernel: Int8Kernel) -> float:
+    """Max relative error of ``kernel`` on the adversarial product at every pass size of
+    :data:`SELF_TEST_ROWS` (0.0 up to float32 rounding: about 1e-7 where it is exact)."""
+    w, v = _adversarial()
+    scale = torch.ones(w.shape[0])
+    zeros = torch.zeros(w.shape[0], dtype=torch.int64)
+    half = torch.tensor(kernel.x_zero + 0.5)
+    packed = pack(kernel, w, scale)
+    worst = 0.0
+    for rows in SELF_TEST_ROWS:
+        x = v.repeat(-(-rows // v.shape[0]), 1)[:rows]  # [rows, K]
+        codes = torch.round(x.double() / kernel.x_scale)  # code − zero point
+        exact = codes @ w.double().T * kernel.x_scale  # [rows, 6]
+        got = matmul(kernel, packed, x, torch.ones(rows, 1), scale, zeros, half).double()
+        worst = max(worst, float((got - exact).abs().max() / exact.abs().max()))
+    return worst
+
+
+EXACT_TOLERANCE = 1e-5  # relative; float32 rounding is ~1e-7, a saturated pair ~1e-1 or more
+
+
+@cache
+def proven() -> tuple[Int8Kernel, ...]:
+    """The kernels of this CPU's table that are present in this torch and exact here."""
+    out = []
+    for kernel in KERNELS.get(_arch(), ()):
+        if _library_present(kernel.library):
+            try:
+                if exactness_error(kernel) <= EXACT_TOLERANCE:
+                    out.append(kernel)
+            except RuntimeError:  # a library that cannot run here at all
+                continue
+    return tuple(out)
+
+
+def _time(kernel: Int8Kernel) -> float:
+    """Median seconds of one pass summed over :data:`TIMING_ROWS` on a random layer."""
+    g = torch.Generator().manual_seed(0)
+    n, k = TIMING_SHAPE
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.full((n,), 0.01)
+    zeros, half = torch.zeros(n, dtype=torch.int64), torch.tensor(kernel.x_zero + 0.5)
+    packed = pack(kernel, w, scale)
+    total = 0.0
+    for rows in TIMING_ROWS:
+        x, ones = torch.rand((rows, k), generator=g) * 2 - 1, torch.ones(rows, 1)
+        times = []
+        for _ in range(TIMING_REPEATS):
+            t0 = time.perf_counter()
+            matmul(kernel, packed, x, ones, scale, zeros, half)
+            times.append(time.perf_counter() - t0)
+        total += statistics.median(times[2:])
+    return total
+
+
+@cache
+def signature() -> str:
+    """What a packed layout and the exactness of a code width depend on: torch (which pins
+    oneDNN and fbgemm), the CPU's vector flags, the ISA caps in the environment and what
+    the self-test found."""
+    flags = " ".join(sorted(x for x in cpu_info().flags
+                            if x.startswith(("avx", "amx", "fma", "f16c"))))
+    caps = ",".join(f"{e}={os.environ.get(e, '')}" for e in ISA_ENV)
+    text = f"{torch.__version__}|{_arch()}|{flags}|{caps}|{','.join(map(str, proven()))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _choice_file() -> Path:
+    from verispec.models.fetch import cache_dir
+
+    return cache_dir() / "quantized" / f"int8-kernel-{signature()}.json"
+
+
+def _timed_choice(candidates: list[Int8Kernel]) -> tuple[Int8Kernel, str]:
+    """The fastest of ``candidates``, timed once per machine signature and recorded."""
+    file = _choice_file()
+    try:
+        record = json.loads(file.read_text())
+        return parse(record["kernel"]), record["reason"]
+    except (OSError, ValueError, KeyError):
+        pass
+    times = {str(k): _time(k) for k in candidates}
+    best = min(candidates, key=lambda k: times[str(k)])
+    shown = ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in times.items())
+    reason = f"fastest here ({shown}; rows {'+'.join(map(str, TIMING_ROWS))})"
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps({"kernel": str(best), "reason": reason, "times": times}))
+    except OSError:
+        pass
+    return best, reason
+
+
+def choose() -> tuple[Int8Kernel | None, str]:
+    """(the int8 kernel to use here, why), or (None, why there is none)."""
+    if _arch() not in KERNELS:
+        return None, (f"no int8 kernel for {platform.machine()} CPUs (x86-64 only; an ARM "
+                      "entry would use PyTorch's KleidiAI kernels)")
+    ok = proven()
+    override = os.environ.get(KERNEL_ENV)
+    if override:
+        kernel = parse(override)
+        if kernel not in ok:
+            raise ValueError(f"{KERNEL_ENV}={override}: {kernel} is not exact on this CPU "
+                             f"(proven here: {', '.join(map(str, ok)) or 'none'})")
+        return kernel, f"{kernel} ({KERNEL_ENV})"
+    if not ok:
+        return None, "no int8 kernel of this torch computes exact integer products on this CPU"
+    bits = max(k.bits for k in ok)
+    widest = [k for k in ok if k.bits == bits]
+    why = ("8-bit codes: the kernels accumulate in int32 here (VNNI)" if bits == 8 else
+           "7-bit codes: 8-bit codes saturate int16 pair sums without VNNI")
+    if len(widest) == 1:
+        return widest[0], f"{widest[0]}; {why}"
+    kernel, timing = _timed_choice(widest)
+    return kernel, f"{kernel}; {why}; {timing}"
