@@ -12,6 +12,7 @@ works in a worker as it does here.
 
 from __future__ import annotations
 
+import os
 import time
 
 from torch import Tensor
@@ -33,11 +34,14 @@ class DelayedLM(CausalLM):
         delay_s: sleep before every forward pass.
         fail_after: raise :class:`InjectedFailure` on forward pass number fail_after + 1
             (None: never).
+        started: a file created at the first forward pass (a test waits for it instead of
+            for a fixed time that a busy machine can exceed).
     """
 
     def __init__(self, inner: CausalLM, delay_s: float = 0.0,
-                 fail_after: int | None = None) -> None:
+                 fail_after: int | None = None, started: str | None = None) -> None:
         super().__init__()
+        self.started = started
         self.inner = inner
         self.delay_s = delay_s
         self.fail_after = fail_after
@@ -51,6 +55,8 @@ class DelayedLM(CausalLM):
 
     def _forward(self) -> None:
         """What happens before every forward pass (``forward_calls`` already counts it)."""
+        if self.started is not None and not os.path.exists(self.started):
+            open(self.started, "w").close()
         if self.fail_after is not None and self.forward_calls > self.fail_after:
             raise InjectedFailure(
                 f"{self.name}: injected failure on forward pass {self.forward_calls}")

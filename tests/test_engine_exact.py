@@ -16,7 +16,7 @@ from torch import Tensor
 
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
-from verispec.engine.gamma import AutoGamma, PassCosts, best_gamma
+from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
@@ -189,9 +189,38 @@ def test_gamma_auto_waits_until_the_draft_prefill_pays() -> None:
     assert forced.choose() >= 1
 
 
+def _history(accepted: float, tested: float) -> PairHistory:
+    history = PairHistory()
+    history.add(accepted, tested)
+    return history
+
+
+def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
+    """A pair whose earlier requests accepted most drafts starts the next request's draft at
+    once where the default prior would wait; one that accepted few waits; a request's own
+    outcomes are pooled into the history."""
+    costs, prompt, budget = _auto_costs(0.06), 5, 4
+    default = AutoGamma(costs, max_gamma=3)
+    default.start(prompt, budget)
+    assert default.choose() == 0  # waits for the output to prove long
+    good = AutoGamma(costs, max_gamma=3, history=_history(0.95 * HISTORY_MIN, HISTORY_MIN))
+    good.start(prompt, budget)
+    assert good.choose() > 0
+    young = _history(0.95 * (HISTORY_MIN - 1), HISTORY_MIN - 1)  # too few positions yet
+    assert AutoGamma(costs, history=young).prior == AutoGamma(costs).prior
+    poor = _history(0.1 * HISTORY_MIN, HISTORY_MIN)
+    bad = AutoGamma(costs, max_gamma=3, history=poor)
+    bad.start(prompt, budget)
+    assert bad.choose() == 0
+    good.observe(3, 2)
+    assert good.history is not None and good.history.tested == HISTORY_MIN + 3
+
+
+@pytest.mark.parametrize("history", [None, "learned"])
 @pytest.mark.parametrize("draft_prefill", [0.0, WAIT_ONE_TOKEN])
 @pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
-def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: float) -> None:
+def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: float,
+                                                 history: str | None) -> None:
     """``gamma="auto"``: γ follows each request's own acceptance history, so it changes
     from iteration to iteration (and can be 0), and the draft may join a request after
     plain decoding began (its prefill then reads the tokens decoded so far); the law is
@@ -203,7 +232,9 @@ def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: flo
     m = build_method(method)
 
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
-        policy = AutoGamma(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0)
+        pooled = _history(0.9 * HISTORY_MIN, HISTORY_MIN) if history else None
+        policy = AutoGamma(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0,
+                           history=pooled)
         request = Request(prompt, m, Sampling(), 4, randoms[0], policy,
                           make_drafter(target, draft.spawn(), m))
         return [Engine(target.spawn()).run([request])[0].tokens]

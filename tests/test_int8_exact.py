@@ -14,7 +14,8 @@ sees the engine's law move away from the target's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from verispec.engine.exact import Law, walk
 from verispec.engine.loop import Engine
 from verispec.engine.request import Request
 from verispec.methods import build_method
-from verispec.models.native import NativeCausalLM, from_hf_module
+from verispec.models.native import NativeCausalLM, from_hf_module, kernels
 from verispec.models.native.linear import Int8Linear, int4_available, int8_available
 from verispec.sampling import Randomness, Sampling, warp_rows
 from verispec.theory.exact import tv_distance
@@ -43,11 +44,35 @@ PROMPT = [3, 17, 5]
 LENGTH = 3
 
 
+def _kernels() -> list[Any]:
+    """The kernel chosen here and a 7-bit one (valid on every x86 CPU): both run everywhere."""
+    chosen = kernels.choose()[0] if int8_available() else None
+    seven = next((k for k in kernels.proven() if k.bits == 7), None)
+    found = [k for k in dict.fromkeys([chosen, seven]) if k is not None]
+    return [pytest.param(k, id=str(k)) for k in found]
+
+
+@pytest.fixture(scope="module", params=_kernels())
+def kernel(request: pytest.FixtureRequest) -> Iterator[kernels.Int8Kernel]:
+    """Runs the module's tests on this int8 kernel (``VERISPEC_INT8_KERNEL`` while built)."""
+    before = os.environ.get(kernels.KERNEL_ENV)
+    os.environ[kernels.KERNEL_ENV] = str(request.param)
+    try:
+        yield request.param
+    finally:
+        if before is None:
+            os.environ.pop(kernels.KERNEL_ENV, None)
+        else:
+            os.environ[kernels.KERNEL_ENV] = before
+
+
 @pytest.fixture(scope="module")
-def pair() -> tuple[NativeCausalLM, NativeCausalLM]:
+def pair(kernel: kernels.Int8Kernel) -> tuple[NativeCausalLM, NativeCausalLM]:
     tok = TinyTokenizer()
-    return (from_hf_module(make_tiny_model(seed=40), tok, "target-int8", "int8"),
-            from_hf_module(make_tiny_model(seed=41), tok, "draft-int8", "int8"))
+    models = (from_hf_module(make_tiny_model(seed=40), tok, "target-int8", "int8"),
+              from_hf_module(make_tiny_model(seed=41), tok, "draft-int8", "int8"))
+    assert all(m.net.head.kernel == kernel for m in models)  # type: ignore[union-attr]
+    return models
 
 
 def one_at_a_time_law(model: NativeCausalLM, prompt: Sequence[int], sampling: Sampling,
@@ -104,16 +129,31 @@ def test_int4_draft_keeps_the_int8_target_law(pair: tuple[NativeCausalLM, Native
     assert tv_distance(law, reference) < FLOAT32_ROUNDING
 
 
+@pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
+def test_vocabulary_subset_draft_keeps_the_int8_target_law(
+        pair: tuple[NativeCausalLM, NativeCausalLM], reference: Law, method: str) -> None:
+    """A draft that scores only part of the vocabulary (its q is zero elsewhere, and is what
+    it samples from) leaves the law the target's, which keeps its whole vocabulary."""
+    draft = from_hf_module(make_tiny_model(seed=41), TinyTokenizer(), "draft-subset", "int8",
+                           vocabulary=20)
+    q = draft.spawn()
+    q.add_rows([PROMPT])
+    logits = q.extend([[4]])[0, -1]  # [V]
+    assert torch.isinf(logits[20:]).all() and torch.isfinite(logits[:20]).all()
+    law = engine_run_law(pair[0], draft, method, 2)
+    assert tv_distance(law, reference) < FLOAT32_ROUNDING
+
+
 class _PerTensorInt8(Int8Linear):
     """Negative control: one activation scale for the whole pass, as PyTorch's dynamic int8
     linear computes it, instead of one per token."""
 
     def _scaled(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         u = x if self._factors is None else x * self._factors  # [M, K]
-        a = u.abs().amax().expand(u.shape[0], 1)  # [M, 1]: the same for every row
-        y = torch.ops.onednn.qlinear_pointwise(
-            torch.addcdiv(self._half, u, a, value=127.0).to(torch.uint8), 1 / 127.0, 128,
-            self.packed, self.scale, self._zeros, None, 1.0, 0, torch.float32, "none", [], "")
+        if self.rot is not None:
+            u = (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
+        a = u.abs().amax().expand(u.shape[0], 1).contiguous()  # [M, 1]: the same for all rows
+        y = kernels.matmul(self.kernel, self.packed, u, a, self.scale, self._zeros, self._half)
         if self.norm is None:
             return y, a
         ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)
@@ -122,9 +162,6 @@ class _PerTensorInt8(Int8Linear):
 
 def _per_tensor(model: NativeCausalLM) -> NativeCausalLM:
     net = model.net
-    layers = [getattr(b, n) for b in net.blocks for n in ("qkv", "o", "gate_up", "down")]
-    if any(lin.kernel != "onednn" for lin in layers + [net.head]):
-        pytest.skip("the control rewires oneDNN layers")
     clone = NativeCausalLM(net, model.tokenizer, "per-tensor", precision="int8")
     import copy
 

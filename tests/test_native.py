@@ -41,12 +41,21 @@ def module() -> Any:
     return make_tiny_model(seed=0)
 
 
-@pytest.fixture
-def own_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """verispec's cache directory (quantized weights, the kernel choice) inside tmp_path."""
-    root = tmp_path / "verispec-cache"
-    monkeypatch.setenv("VERISPEC_CACHE", str(root))
-    return root
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("verispec-cache")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+              module_cache: Path) -> Path | None:
+    """verispec's cache directory (quantized weights, the kernel choice) in a temporary
+    directory for the tiny models; integration tests keep the real one (their models and
+    quantized weights live there)."""
+    if "integration" in request.keywords:
+        return None
+    monkeypatch.setenv("VERISPEC_CACHE", str(module_cache))
+    return module_cache
 
 
 def native(module: Any, precision: str = "float32") -> NativeCausalLM:
@@ -320,7 +329,9 @@ def test_int8_kernels_of_one_code_width_agree(module: Any) -> None:
 @needs_int8
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_quantized_disk_cache_round_trip(module: Any, tmp_path: Path, precision: str,
-                                         own_cache: Path) -> None:
+                                         own_cache: Path | None) -> None:
+    """Quantized weights are cached in verispec's cache directory, not the model's (other
+    tools load every ``*.safetensors`` there), and read back bit for bit."""
     if precision == "int4" and not int4_available():
         pytest.skip("no CPU int4 kernel")
     module.save_pretrained(tmp_path)
@@ -328,7 +339,7 @@ def test_quantized_disk_cache_round_trip(module: Any, tmp_path: Path, precision:
     first = load_native(tmp_path, precision, tokenizer=tok)
     kernel = kernels.choose()[0] if precision == "int8" else None
     file = cache_file(tmp_path, precision, kernel)
-    assert file.exists() and own_cache in file.parents  # verispec's cache, not the model's
+    assert file.exists() and own_cache in file.parents  # type: ignore[operator]
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]
     assert CACHE_FILES[precision] not in {p.name for p in tmp_path.iterdir()}
     stamp = file.stat().st_mtime_ns
@@ -388,6 +399,53 @@ def test_int4_draft_runs_wide_passes_on_its_int8_form(module: Any) -> None:
     for m in (draft, int8_only):
         m.rollback([len(prefix)])
     assert not torch.equal(draft.extend([narrow]), int8_only.extend([narrow]))
+
+
+@pytest.mark.parametrize("precision", ["float32", pytest.param("int8", marks=needs_int8)])
+def test_a_draft_can_score_a_vocabulary_subset(module: Any, tmp_path: Path,
+                                               precision: str) -> None:
+    """``vocabulary=n``: the lm_head keeps ids < n and the end-of-text ids; the logits are
+    the full model's there and -inf elsewhere, so q is zero outside; the quantized subset
+    model has its own cache file and reloads bit for bit."""
+    full = native(module, precision)
+    tok = TinyTokenizer()
+    part = from_hf_module(module, tok, "subset", precision, vocabulary=20)
+    assert part.vocabulary == 20 and part.spawn().vocabulary == 20
+    prefix, block = seq(7, 120), seq(3, 121)
+    for m in (full, part):
+        m.add_rows([prefix])
+    a, b = full.extend([block])[0], part.extend([block])[0]  # [3, V]
+    assert torch.isinf(b[:, 20:]).all() and (b[:, 20:] < 0).all()
+    close(b[:, :20], a[:, :20], 1e-6)
+    assert part.net.head.out_features == full.vocab_size  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="at least one id"):
+        from_hf_module(module, tok, "none", precision, vocabulary=0)
+    assert from_hf_module(module, tok, "all", precision, vocabulary=10**6).vocabulary is None
+    if precision == "int8":
+        module.save_pretrained(tmp_path)
+        first = load_native(tmp_path, "int8", tokenizer=tok, vocabulary=20)
+        files = list(cache_file(tmp_path, "int8", kernels.choose()[0]).parent.iterdir())
+        assert any("-v20-" in f.name for f in files)
+        again = load_native(tmp_path, "int8", tokenizer=tok, vocabulary=20)
+        for m in (first, again):
+            m.add_rows([prefix])
+        loaded = first.extend([block])[0]
+        assert torch.equal(loaded, again.extend([block])[0]) and torch.equal(loaded, b)
+
+
+def test_draft_vocabulary_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verispec.models.loading import DRAFT_VOCABULARY, DRAFT_VOCABULARY_ENV, draft_vocabulary
+
+    monkeypatch.delenv(DRAFT_VOCABULARY_ENV, raising=False)
+    assert draft_vocabulary() == DRAFT_VOCABULARY
+    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "full")
+    assert draft_vocabulary() is None
+    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "32768")
+    assert draft_vocabulary() == 32768
+    for bad in ("0", "-3", "half"):
+        monkeypatch.setenv(DRAFT_VOCABULARY_ENV, bad)
+        with pytest.raises(ValueError, match=DRAFT_VOCABULARY_ENV):
+            draft_vocabulary()
 
 
 def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -362,13 +363,13 @@ def test_a_killed_worker_is_reported_and_the_other_one_stopped() -> None:
 
 
 SCRIPT = """
-import json, torch
+import json, sys, torch
 from pearl_doubles import DelayedLM
 from verispec.methods.pearl.coordinator import PearlEngine
 from verispec.models.toy import RandomContextLM
 from verispec.sampling import Sampling
 if __name__ == "__main__":
-    target = DelayedLM(RandomContextLM(5, 1), 0.02)
+    target = DelayedLM(RandomContextLM(5, 1), 0.02, started=sys.argv[1])
     draft = DelayedLM(RandomContextLM(5, 2), 0.01)
     with PearlEngine(target, draft) as engine:
         print(json.dumps(list(engine.pids.values())), flush=True)
@@ -377,26 +378,40 @@ if __name__ == "__main__":
 """
 
 
+#: Upper bounds of the condition waits below (each returns as soon as its condition holds).
+BUSY_MACHINE_S = 120
+
+
+def _wait_for(path: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + BUSY_MACHINE_S
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "decoding never started"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
-def test_no_orphans_when_the_coordinator_is_interrupted_or_killed(how: str) -> None:
+def test_no_orphans_when_the_coordinator_is_interrupted_or_killed(how: str,
+                                                                  tmp_path: Path) -> None:
     tests_dir = os.path.dirname(os.path.abspath(__file__))  # where pearl_doubles lives
     path = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
+    started = str(tmp_path / "decoding")
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, started], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": path})
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line, proc.stderr.read()  # type: ignore[union-attr]
         pids = json.loads(line)
-        time.sleep(1.0)  # decoding is under way
+        _wait_for(started, proc)  # the target worker has run a forward pass
         if how == "ctrl-c":  # a terminal's Ctrl-C reaches the whole process group
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.kill()
-        proc.wait(timeout=30)
+        proc.wait(timeout=BUSY_MACHINE_S)
         if how == "ctrl-c":
             assert "KeyboardInterrupt" in proc.stderr.read()  # type: ignore[union-attr]
-        assert proc.returncode != 0 and _gone(pids)
+        assert proc.returncode != 0 and _gone(pids, timeout=BUSY_MACHINE_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

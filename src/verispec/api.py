@@ -16,7 +16,14 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
-from verispec.engine.gamma import AutoGamma, FixedGamma, GammaPolicy, PassCosts, measure_costs
+from verispec.engine.gamma import (
+    AutoGamma,
+    FixedGamma,
+    GammaPolicy,
+    PairHistory,
+    PassCosts,
+    measure_costs,
+)
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import Method
 from verispec.engine.request import GenerationOutput, Request
@@ -195,12 +202,22 @@ _COSTS: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM, 
     weakref.WeakKeyDictionary()
 
 
+_HISTORY: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM, PairHistory]] \
+    = weakref.WeakKeyDictionary()
+
+
 def pair_costs(target: CausalLM, draft: CausalLM) -> PassCosts:
     """The pair's measured pass costs (V(k), c), timed once per pair and process."""
     per_draft = _COSTS.setdefault(target, weakref.WeakKeyDictionary())
     if draft not in per_draft:
         per_draft[draft] = measure_costs(target, draft)
     return per_draft[draft]
+
+
+def pair_history(target: CausalLM, draft: CausalLM) -> PairHistory:
+    """The pair's acceptance pooled over the requests of this process (γ auto's prior)."""
+    return _HISTORY.setdefault(target, weakref.WeakKeyDictionary()).setdefault(
+        draft, PairHistory())
 
 
 def _policy(plan: _Plan) -> GammaPolicy:
@@ -211,7 +228,8 @@ def _policy(plan: _Plan) -> GammaPolicy:
         if plan.pair.draft is None:
             raise ValueError("gamma='auto' times the draft model; the n-gram drafter has none")
         return AutoGamma(pair_costs(plan.pair.target, plan.pair.draft),
-                         min_gamma=1 if plan.method.needs_next_probs else 0)
+                         min_gamma=1 if plan.method.needs_next_probs else 0,
+                         history=pair_history(plan.pair.target, plan.pair.draft))
     assert isinstance(plan.gamma, int)
     return FixedGamma(plan.gamma)
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from verispec.checks import check_positive
 from verispec.models.base import CausalLM
 
-__all__ = ["AutoGamma", "FixedGamma", "GammaPolicy", "PassCosts", "best_gamma",
+__all__ = ["AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts", "best_gamma",
            "expected_tokens", "measure_costs"]
 
 
@@ -67,8 +67,10 @@ class FixedGamma:
 
 #: Target pass sizes timed at start-up; costs in between are interpolated linearly.
 PROBE_SIZES = (1, 2, 4, 8, 16)
-#: The prior on the acceptance rate: α₀ with the weight of this many observed positions.
+#: The prior on the acceptance rate: α₀ with the weight of this many observed positions
+#: (α₀ is the pair's pooled acceptance over earlier requests once it has HISTORY_MIN positions).
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0
+HISTORY_MIN = 32
 #: After this many iterations at γ = 0, draft one token to keep learning α.
 PROBE_EVERY = 16
 #: The draft reads a request's context at once when the time drafting is expected to save
@@ -129,6 +131,28 @@ class PassCosts:
                 + ", ".join(f"V({k}) {self.v(k):.2f}" for k in sorted(self.target) if k > 1))
 
 
+class PairHistory:
+    """The acceptance of one draft/target pair pooled over the requests it has served in
+    this process (accepted drafts and tested positions): the prior of the next request's
+    :class:`AutoGamma`, so a pair whose drafts are usually accepted starts drafting at once.
+    It holds outcomes of earlier iterations only, so a γ chosen from it is still decided
+    before the block it drafts."""
+
+    def __init__(self) -> None:
+        self.accepted = 0.0
+        self.tested = 0.0
+
+    def prior(self) -> float:
+        """The pair's pooled α (PRIOR_ALPHA until HISTORY_MIN positions are known)."""
+        if self.tested < HISTORY_MIN:
+            return PRIOR_ALPHA
+        return self.accepted / self.tested
+
+    def add(self, accepted: float, tested: float) -> None:
+        self.accepted += accepted
+        self.tested += tested
+
+
 def expected_tokens(alpha: float, gamma: int) -> float:
     """E[tokens per iteration] with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
     if alpha >= 1.0:
@@ -148,7 +172,8 @@ class AutoGamma:
 
     Each iteration it estimates the request's acceptance rate α from its own past — every
     accepted draft token is a success and every rejection a failure, with a prior of
-    ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA`` — and drafts the γ that maximises expected
+    ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA``, or at the pair's pooled acceptance over
+    earlier requests when a :class:`PairHistory` is given — and drafts the γ that maximises expected
     tokens per second under the papers' i.i.d. model with the measured costs (V(k) in the
     denominator). Where speculation does not pay it chooses γ = 0 (plain decoding), drafting
     one token every ``PROBE_EVERY`` iterations to keep its estimate current.
@@ -164,8 +189,11 @@ class AutoGamma:
     lossless.
     """
 
-    def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0) -> None:
+    def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0,
+                 history: PairHistory | None = None) -> None:
         self.costs = costs
+        self.history = history
+        self.prior = PRIOR_ALPHA if history is None else history.prior()
         self.max_gamma = check_positive("max_gamma", max_gamma)
         self.min_gamma = min(check_positive("min_gamma", min_gamma, minimum=0), self.max_gamma)
         self.accepted = 0.0
@@ -185,7 +213,7 @@ class AutoGamma:
 
     @property
     def alpha(self) -> float:
-        return (self.accepted + PRIOR_ALPHA * PRIOR_WEIGHT) / (self.tested + PRIOR_WEIGHT)
+        return (self.accepted + self.prior * PRIOR_WEIGHT) / (self.tested + PRIOR_WEIGHT)
 
     def choose(self) -> int:
         gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
@@ -208,21 +236,30 @@ class AutoGamma:
         return gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
+        tested = accepted + (1 if accepted < drafted else 0)
         self.emitted += accepted + 1
         self.accepted += accepted
-        self.tested += accepted + (1 if accepted < drafted else 0)
+        self.tested += tested
+        if self.history is not None:
+            self.history.add(accepted, tested)
+
+
+#: Repetitions of the start-up timing (interleaved, medians): enough that one slow phase
+#: of a busy 2-core machine does not decide c or V(k).
+TIMING_REPS = 5
 
 
 def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
-                  reps: int = 3) -> PassCosts:
-    """Time target passes over ``PROBE_SIZES`` tokens, a draft step after ``context`` tokens
-    and the draft's prefill of ``context`` tokens (on spawned models: the callers' rows are
-    untouched)."""
-    from verispec.models.timing import pass_costs, prefill_cost
+                  reps: int = TIMING_REPS) -> PassCosts:
+    """Time target passes over ``PROBE_SIZES`` tokens and a draft step after ``context``
+    tokens, in turns within each repetition (:func:`~verispec.models.timing.
+    interleaved_costs`), and the draft's prefill of ``context`` tokens (on spawned models:
+    the callers' rows are untouched)."""
+    from verispec.models.timing import interleaved_costs, prefill_cost
 
     sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
                   or context + k <= target.max_length)
-    timed = pass_costs(target, context=context, ks=sizes, reps=reps)
-    step = pass_costs(draft, context=context, ks=(1,), reps=reps)[1]
-    return PassCosts(target=dict(timed), draft=step,
+    timed, step = interleaved_costs([(target, sizes), (draft, (1,))], context=context,
+                                    reps=reps)
+    return PassCosts(target=dict(timed), draft=step[1],
                      draft_prefill=prefill_cost(draft, context, reps=reps) / context)

@@ -29,6 +29,7 @@ __all__ = [
     "IncompatibleModelsError",
     "check_compatible",
     "default_device",
+    "draft_vocabulary",
     "load_model",
     "load_transformers",
     "resolve_precision",
@@ -36,6 +37,27 @@ __all__ = [
 
 PRECISIONS = ("auto", "float32", "bfloat16", "int8", "int4")
 ROLES = ("target", "draft")
+#: How many ids a native draft scores (its lm_head rows; the end-of-text ids come on top):
+#: ``full`` or a number. A smaller head makes every draft step cheaper; q is zero outside
+#: the subset and is still the distribution the draft samples from, so every lossless
+#: verifier stays lossless (the target keeps its whole vocabulary).
+DRAFT_VOCABULARY_ENV = "VERISPEC_DRAFT_VOCABULARY"
+DRAFT_VOCABULARY = 65536
+
+
+def draft_vocabulary() -> int | None:
+    """The ids a native draft scores (:data:`DRAFT_VOCABULARY_ENV`; None: all of them)."""
+    text = os.environ.get(DRAFT_VOCABULARY_ENV, str(DRAFT_VOCABULARY)).strip()
+    if text == "full":
+        return None
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"{DRAFT_VOCABULARY_ENV} must be 'full' or a positive number of ids, "
+                         f"got {text!r}")
+    return size
 
 
 class IncompatibleModelsError(ValueError):
@@ -170,7 +192,8 @@ def load_model(
     """Load a model from an embedded name, a local directory, a hub id or a toy spec.
 
     ``precision``: one of :data:`PRECISIONS` (see :func:`resolve_precision`); ``role``:
-    ``target`` or ``draft`` (``int4`` is allowed for a draft only). Toy models compute in
+    ``target`` or ``draft`` (``int4`` is allowed for a draft only; a native draft scores
+    :func:`draft_vocabulary` ids). Toy models compute in
     exact float64 and take ``auto`` (or ``float64``) only. int8 and int4 run on the CPU
     (``device`` is then ignored unless it names another device, which is an error).
     """
@@ -211,7 +234,8 @@ def load_model(
                 "*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]))
         if progress:
             progress(f"loading {spec} from {path}: {reason}, native runtime")
-        return load_native(path, name, device=device, name=label, progress=progress)
+        return load_native(path, name, device=device, name=label, progress=progress,
+                           vocabulary=draft_vocabulary() if role == "draft" else None)
     if name in ("int8", "int4"):
         if precision == name:
             raise ValueError(

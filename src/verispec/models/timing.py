@@ -10,7 +10,7 @@ import torch
 
 from verispec.models.base import CausalLM
 
-__all__ = ["pass_costs", "prefill_cost"]
+__all__ = ["interleaved_costs", "pass_costs", "prefill_cost"]
 
 
 def pass_costs(model: CausalLM, context: int = 200, ks: Sequence[int] = tuple(range(1, 10)),
@@ -21,24 +21,35 @@ def pass_costs(model: CausalLM, context: int = 200, ks: Sequence[int] = tuple(ra
     pass is rolled back before the next. The ks are interleaved within each repetition, so
     slow phases of a busy machine spread over all of them. V(k) = cost(k) / cost(1).
     """
-    twin = model.spawn()
+    return interleaved_costs([(model, ks)], context, reps, warmup=warmup, seed=seed)[0]
+
+
+def interleaved_costs(models: Sequence[tuple[CausalLM, Sequence[int]]], context: int = 200,
+                      reps: int = 5, *, warmup: int = 1, seed: int = 0,
+                      ) -> list[dict[int, float]]:
+    """:func:`pass_costs` of several models (each with its own ks) timed in turns: every
+    repetition times each model's passes once, so a busy minute slows all of them alike and
+    their ratios (a pair's c and V(k)) stay steady."""
     g = torch.Generator().manual_seed(seed)
-    vocab = model.vocab_size
-    prefix = torch.randint(vocab, (context,), generator=g).tolist()
-    twin.add_rows([prefix])
-    times: dict[int, list[float]] = {k: [] for k in ks}
+    twins = []
+    for model, _ in models:
+        twin = model.spawn()
+        twin.add_rows([torch.randint(model.vocab_size, (context,), generator=g).tolist()])
+        twins.append(twin)
+    times: list[dict[int, list[float]]] = [{k: [] for k in ks} for _, ks in models]
     for rep in range(warmup + reps):
-        for k in ks:
-            new = torch.randint(vocab, (k,), generator=g).tolist()
-            start = time.perf_counter()
-            logits = twin.extend([new])
-            if logits.device.type == "cuda":
-                torch.cuda.synchronize(logits.device)
-            elapsed = time.perf_counter() - start
-            twin.rollback(context)
-            if rep >= warmup:
-                times[k].append(elapsed)
-    return {k: statistics.median(v) for k, v in times.items()}
+        for twin, (_, ks), out in zip(twins, models, times, strict=True):
+            for k in ks:
+                new = torch.randint(twin.vocab_size, (k,), generator=g).tolist()
+                start = time.perf_counter()
+                logits = twin.extend([new])
+                if logits.device.type == "cuda":
+                    torch.cuda.synchronize(logits.device)
+                elapsed = time.perf_counter() - start
+                twin.rollback(context)
+                if rep >= warmup:
+                    out[k].append(elapsed)
+    return [{k: statistics.median(v) for k, v in t.items()} for t in times]
 
 
 def prefill_cost(model: CausalLM, context: int = 200, reps: int = 3, *, seed: int = 0) -> float:

@@ -68,6 +68,7 @@ class NativePayload:
     path: str
     precision: str
     name: str
+    vocabulary: int | None = None
 
 
 def portable(model: CausalLM, device: str | None = None) -> Any:
@@ -78,7 +79,7 @@ def portable(model: CausalLM, device: str | None = None) -> Any:
     if isinstance(model, HFCausalLM):
         return HFPayload(model.model, model.name, device)
     if isinstance(model, NativeCausalLM) and model.source is not None:
-        return NativePayload(model.source, model.precision, model.name)
+        return NativePayload(model.source, model.precision, model.name, model.vocabulary)
     return model
 
 
@@ -88,7 +89,7 @@ def materialise(payload: Any) -> CausalLM:
         from verispec.models.native import load_native
 
         return load_native(payload.path, payload.precision, name=payload.name,
-                           load_tokenizer=False)
+                           load_tokenizer=False, vocabulary=payload.vocabulary)
     if isinstance(payload, HFPayload):
         from verispec.models.hf import HFCausalLM
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
 from verispec.models.native.linear import default_kernel, int4_available, int8_available
@@ -48,6 +49,7 @@ __all__ = [
     "from_hf_module",
     "load_native",
     "native_supports",
+    "subset_ids",
 ]
 
 NATIVE_PRECISIONS = ("float32", "bfloat16", "int8", "int4")
@@ -88,35 +90,52 @@ def _eos(generation: Any, tokenizer: Any, config: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def subset_ids(size: int | None, vocab: int, eos: frozenset[int]) -> Tensor | None:
+    """The ids a draft that scores ``size`` of the ``vocab`` ids keeps: ids below ``size``
+    (byte-level BPE vocabularies list their most frequent merges first) and the end-of-text
+    ids; None for the whole vocabulary."""
+    if size is None or size >= vocab:
+        return None
+    if size < 1:
+        raise ValueError(f"a vocabulary subset needs at least one id, got {size}")
+    return torch.tensor(sorted(set(range(size)) | {i for i in eos if i < vocab}))
+
+
 def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
                    precision: str = "float32", device: torch.device | str | None = None,
-                   ) -> NativeCausalLM:
+                   vocabulary: int | None = None) -> NativeCausalLM:
     """A native model with the weights of an in-memory transformers ``*ForCausalLM``
-    (copied: fused, cast or quantized). ``device`` defaults to the module's."""
+    (copied: fused, cast or quantized). ``device`` defaults to the module's;
+    ``vocabulary``: score only that many ids (:func:`subset_ids`; a draft's option)."""
     dev = torch.device(device) if device is not None else next(module.parameters()).device
     _check(precision, dev)
     config = NativeConfig.from_hf(module.config)
     get = module_tensors(module)
+    eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
+    ids = subset_ids(vocabulary, config.vocab_size, eos)
     prefill = None
     with torch.no_grad():
         if precision == "int8":
-            net = build_int8(config, int8_state(config, get))
+            net = build_int8(config, int8_state(config, get, vocabulary=ids))
         elif precision == "int4":
-            net = build_int4(config, int4_state(config, get))
+            net = build_int4(config, int4_state(config, get, ids))
             if int8_available():  # prompts are read faster by the int8 kernel
-                prefill = build_int8(config, int8_state(config, get))
+                prefill = build_int8(config, int8_state(config, get, vocabulary=ids))
         else:
-            net = build_dense(config, get, DTYPES[precision], dev)
-    eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
+            net = build_dense(config, get, DTYPES[precision], dev, ids)
     return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision,
-                          prefill_net=prefill)
+                          prefill_net=prefill, vocabulary=None if ids is None else vocabulary)
 
 
 def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 device: torch.device | str | None = None, tokenizer: Any = None,
                 name: str | None = None, cache: bool = True, load_tokenizer: bool = True,
-                progress: Callable[[str], None] | None = None) -> NativeCausalLM:
+                progress: Callable[[str], None] | None = None,
+                vocabulary: int | None = None) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
+
+    ``vocabulary``: score only that many ids (:func:`subset_ids`): a draft's lm_head over
+    a subset, its q zero elsewhere.
 
     int8 and int4: the quantized weights are read from verispec's cache
     (:func:`cache_file`: per model directory, kernel and machine) when it holds them for
@@ -130,51 +149,56 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     config_dict = json.loads((path / "config.json").read_text())
     config = NativeConfig.from_hf(config_dict)
     say = progress or (lambda _msg: None)
-    t0 = time.perf_counter()
-    prefill = None
-    with torch.no_grad():
-        if precision in DTYPES:
-            net = build_dense(config, dir_tensors(path), DTYPES[precision], dev)
-        else:
-            net = _quantized_net(path, config, precision, cache, say, progress)
-        if precision == "int4" and int8_available():  # prompts are read faster in int8
-            prefill = _quantized_net(path, config, "int8", cache, say, progress)
-    say(f"loaded {path.name} ({precision}) in {time.perf_counter() - t0:.1f} s")
     if tokenizer is None and load_tokenizer:  # (a PEARL worker needs none)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
     gen_file = path / "generation_config.json"
     generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
-    return NativeCausalLM(net, tokenizer, name or path.name,
-                          eos_token_ids=_eos(generation, tokenizer, config_dict),
-                          precision=precision, source=str(path), prefill_net=prefill)
+    eos = _eos(generation, tokenizer, config_dict)
+    ids = subset_ids(vocabulary, config.vocab_size, eos)
+    t0 = time.perf_counter()
+    prefill = None
+    with torch.no_grad():
+        if precision in DTYPES:
+            net = build_dense(config, dir_tensors(path), DTYPES[precision], dev, ids)
+        else:
+            net = _quantized_net(path, config, precision, cache, say, progress, ids)
+        if precision == "int4" and int8_available():  # prompts are read faster in int8
+            prefill = _quantized_net(path, config, "int8", cache, say, progress, ids)
+    scored = "" if ids is None else f", scoring {ids.numel()} of {config.vocab_size} ids"
+    say(f"loaded {path.name} ({precision}{scored}) in {time.perf_counter() - t0:.1f} s")
+    return NativeCausalLM(net, tokenizer, name or path.name, eos_token_ids=eos,
+                          precision=precision, source=str(path), prefill_net=prefill,
+                          vocabulary=None if ids is None else vocabulary)
 
 
 def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool,
-                   say: Callable[[str], None],
-                   progress: Callable[[str], None] | None) -> Transformer:
-    """The int8 or int4 model of ``path``, from its cache file when valid (else made and
-    cached)."""
+                   say: Callable[[str], None], progress: Callable[[str], None] | None,
+                   ids: Tensor | None = None) -> Transformer:
+    """The int8 or int4 model of ``path`` (an lm_head over ``ids`` only, when given), from
+    its cache file when valid (else made and cached)."""
     kernel = default_kernel() if precision == "int8" else None
     build = build_int8 if precision == "int8" else build_int4
-    state = load_cache(path, precision, kernel) if cache else None
+    state = load_cache(path, precision, kernel, ids) if cache else None
     if state is not None:
         try:
             return build(config, state, kernel) if kernel else build(config, state)
         except (RuntimeError, ValueError) as e:  # packed weights this torch cannot rebuild
             say(f"ignoring the cached {precision} weights: {e}")
     what = f"{precision} ({kernel})" if kernel else precision
-    say(f"quantizing {path.name} to {what} (once; cached in {cache_file(path, precision, kernel).parent})")
+    where = cache_file(path, precision, kernel, ids).parent
+    say(f"quantizing {path.name} to {what} (once; cached in {where})")
     if kernel is not None:
-        net = build_int8(config, int8_state(config, dir_tensors(path), progress), kernel)
+        state = int8_state(config, dir_tensors(path), progress, vocabulary=ids)
+        net = build_int8(config, state, kernel)
         state = packed_state(net)
     else:
-        state = int4_state(config, dir_tensors(path))
+        state = int4_state(config, dir_tensors(path), ids)
         net = build_int4(config, state)
     if cache:
         try:
-            saved = save_cache(path, precision, state, kernel)
+            saved = save_cache(path, precision, state, kernel, ids)
             say(f"saved {saved.name} ({saved.stat().st_size / 2**30:.2f} GiB)")
         except OSError as e:
             say(f"could not cache the {precision} weights: {e}")

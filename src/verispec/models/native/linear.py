@@ -37,8 +37,8 @@ import verispec.models.native.kernels as kernels
 import verispec.models.native.onednn as onednn
 from verispec.models.native.kernels import Int8Kernel
 
-__all__ = ["DenseLinear", "Int4Linear", "Int8Linear", "default_kernel", "int4_available",
-           "int8_available", "quantize_weight"]
+__all__ = ["DenseLinear", "Int4Linear", "Int8Linear", "SubsetHead", "default_kernel",
+           "int4_available", "int8_available", "quantize_weight"]
 
 
 class DenseLinear:
@@ -262,3 +262,24 @@ class Int4Linear:
 
     def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
         return residual + self._linear(x)
+
+
+class SubsetHead:
+    """An lm_head that scores a subset of the vocabulary: [M, H] -> [M, V] logits, -inf
+    outside the subset (so a draft's q is exactly zero there, and is still the distribution
+    its tokens are drawn from). ``linear`` holds the rows ``ids`` [S] of the full head."""
+
+    def __init__(self, linear: DenseLinear | Int8Linear | Int4Linear, ids: Tensor,
+                 vocab: int) -> None:
+        self.linear = linear
+        self.ids = ids.to(torch.int64)  # [S] vocabulary ids, ascending
+        self.vocab = vocab
+        self.out_features, self.in_features = vocab, linear.in_features
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = self.linear(x)  # [M, S]
+        out = y.new_full((y.shape[0], self.vocab), float("-inf"))  # [M, V]
+        return out.index_copy_(1, self.ids.to(y.device), y)
+
+    def state(self, prefix: str) -> dict[str, Tensor]:
+        return self.linear.state(prefix) | {f"{prefix}.ids": self.ids}  # type: ignore[union-attr]

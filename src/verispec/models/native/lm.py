@@ -50,9 +50,12 @@ class NativeCausalLM(CausalLM):
     def __init__(self, net: Transformer, tokenizer: Any = None, name: str = "native", *,
                  eos_token_ids: frozenset[int] = frozenset(), max_length: int | None = None,
                  precision: str = "float32", source: str | None = None,
-                 prefill_net: Transformer | None = None) -> None:
+                 prefill_net: Transformer | None = None, vocabulary: int | None = None,
+                 ) -> None:
         super().__init__()
         self.source = source  # the directory it was loaded from (None: built in memory)
+        # ids scored (:func:`verispec.models.native.subset_ids`; None: the whole vocabulary)
+        self.vocabulary = vocabulary
         self.net = net
         # reads prompts in ``add_rows`` and runs passes over ≥ PREFILL_ROWS token rows when
         # set (an int4 draft with its int8 form, whose kernel is faster over many rows); it
@@ -74,7 +77,7 @@ class NativeCausalLM(CausalLM):
         return NativeCausalLM(self.net, self.tokenizer, self.name,
                               eos_token_ids=self.eos_token_ids, max_length=self.max_length,
                               precision=self.precision, source=self.source,
-                              prefill_net=self.prefill_net)
+                              prefill_net=self.prefill_net, vocabulary=self.vocabulary)
 
     def reset(self) -> None:
         self._keys: list[Tensor] = []  # per layer [R, Hkv, L, D]

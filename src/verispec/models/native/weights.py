@@ -31,7 +31,13 @@ from torch import Tensor
 import verispec.models.native.kernels as kernels
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.kernels import Int8Kernel
-from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear, quantize_weight
+from verispec.models.native.linear import (
+    DenseLinear,
+    Int4Linear,
+    Int8Linear,
+    SubsetHead,
+    quantize_weight,
+)
 from verispec.models.native.model import Block, Transformer
 
 __all__ = [
@@ -147,9 +153,10 @@ def _embed_and_head(c: NativeConfig, get: Getter) -> tuple[Tensor, Tensor, Tenso
     return embed, head, norm
 
 
-def build_dense(c: NativeConfig, get: Getter, dtype: torch.dtype,
-                device: torch.device) -> Transformer:
-    """float32 / bfloat16 weights on any device."""
+def build_dense(c: NativeConfig, get: Getter, dtype: torch.dtype, device: torch.device,
+                vocabulary: Tensor | None = None) -> Transformer:
+    """float32 / bfloat16 weights on any device (an lm_head over the ids ``vocabulary``
+    only, when given: :class:`SubsetHead`)."""
 
     def put(t: Tensor | None) -> Tensor | None:
         return None if t is None else t.to(device=device, dtype=dtype).contiguous()
@@ -164,20 +171,32 @@ def build_dense(c: NativeConfig, get: Getter, dtype: torch.dtype,
     embed, head, norm = _embed_and_head(c, get)
     tied = head is embed
     embed = put(embed)  # type: ignore[assignment]
-    head_lin = DenseLinear(embed if tied else put(head), None, put(norm), c.norm_eps)  # type: ignore[arg-type]
-    return Transformer(c, embed, blocks, head_lin, dtype=dtype, device=device)
+    head_w = embed if tied else put(head)
+    if vocabulary is not None:
+        head_w = head_w[vocabulary.to(head_w.device)].contiguous()  # type: ignore[index]
+    head_lin = DenseLinear(head_w, None, put(norm), c.norm_eps)  # type: ignore[arg-type]
+    return Transformer(c, embed, blocks, _subset(head_lin, vocabulary, c), dtype=dtype,
+                       device=device)
 
 
-def int4_state(c: NativeConfig, get: Getter) -> dict[str, Tensor]:
-    """Every linear layer (lm_head included) as weight-only int4
-    (:class:`~verispec.models.native.linear.Int4Linear`; a draft-only format), plus the
-    float16 embedding: a flat dict of tensors."""
+def _subset(head: Any, vocabulary: Tensor | None, c: NativeConfig) -> Any:
+    """``head`` as is, or as a :class:`SubsetHead` over the ids ``vocabulary``."""
+    return head if vocabulary is None else SubsetHead(head, vocabulary, c.vocab_size)
+
+
+def int4_state(c: NativeConfig, get: Getter, vocabulary: Tensor | None = None,
+               ) -> dict[str, Tensor]:
+    """Every linear layer (lm_head included: the rows ``vocabulary`` only, when given) as
+    weight-only int4 (:class:`~verispec.models.native.linear.Int4Linear`; a draft-only
+    format), plus the float16 embedding: a flat dict of tensors."""
     state: dict[str, Tensor] = {}
     for i, t in enumerate(_layer_tensors(c, get)):
         for n in LAYER_LINEARS:
             state.update(Int4Linear.quantize(t[f"{n}.weight"], t[f"{n}.bias"],  # type: ignore[arg-type]
                                              t.get(f"{n}.norm"), c.norm_eps).state(f"layers.{i}.{n}"))
     embed, head, norm = _embed_and_head(c, get)
+    if vocabulary is not None:
+        head, state["head.ids"] = head[vocabulary], vocabulary
     state.update(Int4Linear.quantize(head, None, norm, c.norm_eps).state("head"))
     state["embed"] = embed.to(torch.float16).contiguous()
     return state
@@ -187,7 +206,7 @@ def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
     """The CPU int4 model from :func:`int4_state`'s tensors."""
     blocks = [Block(*[Int4Linear.from_state(state, f"layers.{i}.{n}", c.norm_eps)
                       for n in LAYER_LINEARS]) for i in range(c.layers)]
-    head = Int4Linear.from_state(state, "head", c.norm_eps)
+    head = _subset(Int4Linear.from_state(state, "head", c.norm_eps), state.get("head.ids"), c)
     return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
                        device=torch.device("cpu"))
 
@@ -216,10 +235,12 @@ def _block(width: int, wanted: int) -> int | None:
 
 
 def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | None = None, *,
-               rotate: bool = True, down_block: int | None = DOWN_BLOCK) -> dict[str, Tensor]:
+               rotate: bool = True, down_block: int | None = DOWN_BLOCK,
+               vocabulary: Tensor | None = None) -> dict[str, Tensor]:
     """Quantize every linear layer (see :mod:`verispec.models.native.linear`): a flat dict of
     int8 weights, float32 scales, biases, RMSNorm weights and rotations, plus the float16
-    embedding.
+    embedding. ``vocabulary``: the lm_head keeps these rows only (a draft that scores a
+    vocabulary subset, :class:`~verispec.models.native.linear.SubsetHead`).
 
     Per-token int8 activations lose precision in rows whose energy sits in a few outlier
     channels, so two orthogonal changes of basis spread it first (as in QuaRot/SpinQuant):
@@ -274,6 +295,8 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
                 down_rot if n == "down" else None)
         if progress and (i + 1) % 8 == 0:
             progress(f"quantized {i + 1}/{c.layers} layers")
+    if vocabulary is not None:
+        head, state["head.ids"] = head[vocabulary], vocabulary
     add("head", head, None, final_norm)
     state["embed"] = embed.to(torch.float16).contiguous()
     return state
@@ -288,7 +311,7 @@ def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | N
     for i in range(c.layers):
         blocks.append(Block(*[Int8Linear.from_state(state, f"layers.{i}.{name}", eps, kernel)
                               for name in LAYER_LINEARS]))
-    head = Int8Linear.from_state(state, "head", eps, kernel)
+    head = _subset(Int8Linear.from_state(state, "head", eps, kernel), state.get("head.ids"), c)
     return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
                        device=torch.device("cpu"), attention_dtype=torch.float64)
 
@@ -299,7 +322,7 @@ def packed_state(net: Transformer) -> dict[str, Tensor]:
     for i, block in enumerate(net.blocks):
         for name in LAYER_LINEARS:
             state.update(getattr(block, name).state(f"layers.{i}.{name}"))
-    state.update(net.head.state("head"))  # type: ignore[union-attr]
+    state.update(net.head.state("head"))  # type: ignore[union-attr] (ids too for a subset)
     return state
 
 
@@ -310,9 +333,10 @@ def _source_stamp(path: Path) -> str:
 
 
 def cache_file(path: str | os.PathLike[str], precision: str,
-               kernel: Int8Kernel | None = None) -> Path:
+               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None) -> Path:
     """verispec's cache file for the ``precision`` (int8 or int4) weights of the model in
-    directory ``path``, made for int8 ``kernel`` (int8 only) on this machine signature."""
+    directory ``path``, made for int8 ``kernel`` (int8 only) on this machine signature, with
+    an lm_head over the ids ``vocabulary`` (None: all)."""
     from verispec.models.fetch import cache_dir
 
     path = Path(path).resolve()
@@ -323,18 +347,22 @@ def cache_file(path: str | os.PathLike[str], precision: str,
         tag = f"int8-{kernel.library}-{kernel.bits}bit"
     else:
         tag = precision
+    if vocabulary is not None:
+        ids = vocabulary.to(torch.int64).numpy().tobytes()
+        tag += f"-v{vocabulary.numel()}-{hashlib.sha256(ids).hexdigest()[:8]}"
     return cache_dir() / "quantized" / f"{path.name}-{where}" / f"{tag}-{kernels.signature()}.safetensors"
 
 
 def load_cache(path: str | os.PathLike[str], precision: str,
-               kernel: Int8Kernel | None = None) -> dict[str, Tensor] | None:
+               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None,
+               ) -> dict[str, Tensor] | None:
     """The cached ``precision`` (int8 or int4) state of the model in directory ``path``, or
     None when there is none or it was made from other weights or by another format version
     (the file's name already pins the kernel and the machine signature)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    file = cache_file(path, precision, kernel)
+    file = cache_file(path, precision, kernel, vocabulary)
     if not file.exists():
         return None
     try:
@@ -392,9 +420,9 @@ def _write_aligned(tensors: dict[str, Tensor], file: str, metadata: dict[str, st
 
 
 def save_cache(path: str | os.PathLike[str], precision: str, state: dict[str, Tensor],
-               kernel: Int8Kernel | None = None) -> Path:
+               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None) -> Path:
     """Write ``state`` to :func:`cache_file` atomically; returns the file."""
-    file = cache_file(path, precision, kernel)
+    file = cache_file(path, precision, kernel, vocabulary)
     file.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": CACHE_VERSIONS[precision], "source": _source_stamp(Path(path)),
             "cpu": kernels.signature(), "kernel": str(kernel) if kernel else precision,
