@@ -434,10 +434,10 @@ def test_a_draft_can_score_a_vocabulary_subset(module: Any, tmp_path: Path,
 
 
 def test_draft_vocabulary_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from verispec.models.loading import DRAFT_VOCABULARY, DRAFT_VOCABULARY_ENV, draft_vocabulary
+    from verispec.models.loading import DRAFT_VOCABULARY_ENV, draft_vocabulary
 
     monkeypatch.delenv(DRAFT_VOCABULARY_ENV, raising=False)
-    assert draft_vocabulary() == DRAFT_VOCABULARY
+    assert draft_vocabulary() is None  # the whole vocabulary by default
     monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "full")
     assert draft_vocabulary() is None
     monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "32768")
