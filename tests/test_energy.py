@@ -24,7 +24,11 @@ def _domain(root: Path, dirname: str, name: str, energy_uj: int, max_uj: int = 1
 
 
 def _set(d: Path, energy_uj: int) -> None:
-    (d / "energy_uj").write_text(f"{energy_uj}\n")
+    """A new counter value, replaced atomically (a polling thread never reads a half-written
+    file, as it never does in sysfs)."""
+    tmp = d / "energy_uj.tmp"
+    tmp.write_text(f"{energy_uj}\n")
+    tmp.replace(d / "energy_uj")
 
 
 @pytest.fixture

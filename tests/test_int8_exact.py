@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import TinyTokenizer, make_tiny_model
+
 from verispec.api import make_drafter
 from verispec.engine.exact import Law, walk
 from verispec.engine.loop import Engine

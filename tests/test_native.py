@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import TinyTokenizer, make_tiny_model, wrap_tiny
+
 from verispec.models.loading import PRECISIONS, load_model, resolve_precision
 from verispec.models.native import (
     CACHE_FILES,
     NativeCausalLM,
     cache_file,
     from_hf_module,
+    kernels,
     load_native,
 )
-from verispec.models.native import kernels
-from verispec.models.timing import pass_costs
 from verispec.models.native.linear import Int4Linear, int4_available, int8_available
+from verispec.models.timing import pass_costs
 
 CACHE = Path(os.environ.get("VERISPEC_CACHE", "~/.cache/verispec")).expanduser()
 REAL_TARGET = CACHE / "qwen2.5-coder-1.5b-instruct"
@@ -306,6 +306,36 @@ def test_int8_close_to_float(module: Any, kernel: kernels.Int8Kernel) -> None:
     pq = q.extend([block]).softmax(-1)
     assert float((pf - pq).abs().sum(-1).max()) < 0.5  # a coarse sanity bound (tiny model)
     assert q.precision == "int8"
+
+
+@pytest.mark.parametrize("kernel", PROVEN)
+def test_two_codes_per_activation_are_exact_and_closer_to_float(module: Any,
+                                                                 kernel: kernels.Int8Kernel,
+                                                                 ) -> None:
+    """Layers fed two codes per activation (``split``) keep rows independent (k tokens in
+    one pass equal one at a time) and land closer to the float model than one code."""
+    from verispec.models.native.config import NativeConfig
+    from verispec.models.native.weights import LAYER_LINEARS, build_int8, int8_state, module_tensors
+
+    config = NativeConfig.from_hf(module.config)
+    state = int8_state(config, module_tensors(module), split=(*LAYER_LINEARS, "head"))
+    assert all(f"layers.{i}.{n}.split" in state for i in range(config.layers)
+               for n in LAYER_LINEARS)
+    fine = NativeCausalLM(build_int8(config, state, kernel), TinyTokenizer(), "split",
+                          precision="int8")
+    assert fine.net.head.split  # type: ignore[union-attr]
+    coarse, ref = native_int8(module, kernel), native(module)
+    prefix, block = seq(12, 130), seq(6, 131)
+    outs = []
+    for m in (fine, coarse, ref):
+        m.add_rows([prefix])
+        outs.append(m.extend([block])[0].softmax(-1))
+    fine.rollback([len(prefix)])
+    singles = torch.cat([fine.extend([[t]])[0] for t in block]).softmax(-1)
+    assert torch.equal(singles, outs[0])
+    err_fine = float((outs[0] - outs[2]).abs().sum(-1).max())
+    err_coarse = float((outs[1] - outs[2]).abs().sum(-1).max())
+    assert err_fine < 0.5 * err_coarse
 
 
 @needs_int8

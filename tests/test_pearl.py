@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from pearl_doubles import DelayedLM
 from scipy import stats
 
-from pearl_doubles import DelayedLM
 from verispec.cli import main
 from verispec.engine.loop import generate_one
 from verispec.engine.request import Request

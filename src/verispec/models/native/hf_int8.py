@@ -39,13 +39,14 @@ class Int8Module(nn.Module):
         return self.linear(x.reshape(-1, x.shape[-1]).float()).view(*lead, self.out_features)
 
 
-def _part(state: dict[str, Tensor], prefix: str, rows: slice,
-          rot: Tensor | None = None) -> Int8Module:
-    """An :class:`Int8Module` over output rows ``rows`` of the quantized layer ``prefix``."""
+def _part(state: dict[str, Tensor], prefix: str, rows: slice) -> Int8Module:
+    """An :class:`Int8Module` over output rows ``rows`` of the quantized layer ``prefix``
+    (with the layer's input rotation and code scheme)."""
     bias = state.get(f"{prefix}.bias")
     return Int8Module(Int8Linear.from_int8(
         state[f"{prefix}.qweight"][rows].contiguous(), state[f"{prefix}.scale"][rows],
-        None if bias is None else bias[rows], rot=rot))
+        None if bias is None else bias[rows], rot=state.get(f"{prefix}.rot"),
+        split=f"{prefix}.split" in state))
 
 
 @torch.no_grad()
@@ -66,7 +67,7 @@ def int8_transformers(module: Any) -> Any:
         attn.o_proj = _part(state, f"{p}.o", slice(None))
         mlp.gate_proj = _part(state, f"{p}.gate_up", slice(0, c.intermediate))
         mlp.up_proj = _part(state, f"{p}.gate_up", slice(c.intermediate, None))
-        mlp.down_proj = _part(state, f"{p}.down", slice(None), state.get(f"{p}.down.rot"))
+        mlp.down_proj = _part(state, f"{p}.down", slice(None))
         layer.input_layernorm.weight.copy_(state[f"{p}.qkv.norm"])
         layer.post_attention_layernorm.weight.copy_(state[f"{p}.gate_up.norm"])
     body.norm.weight.copy_(state["head.norm"])

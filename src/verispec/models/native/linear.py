@@ -21,6 +21,14 @@ The kernel and the width of the codes (8 bits where the CPU accumulates products
 7 bits where it adds pairs of them in a saturating int16) come from
 :mod:`verispec.models.native.kernels`, which proves every candidate exact on this CPU.
 
+**Two codes per activation.** A layer built with ``split`` feeds each row twice: once as
+its codes h = round(L v) (L = 63 or 127 steps per sign) and once as the codes of what they
+missed, r = round(2 L² v − 2 L h); the kernel scores the 2M rows in one pass and the layer
+adds the halves, y = W h / L + W r / (2 L²). The activation then carries 13 bits (7-bit
+codes) or 15 bits (8-bit codes) for twice the rows, which costs little in a decoding pass
+(the weights are read once for both) and is exact in the same way: integer products and
+one per-row float epilogue.
+
 The RMSNorm in front of a layer is folded: rmsnorm(x) ⊙ γ = r · (x ⊙ γ) with one number r
 per row, and a row's scalar factors cancel in the division by its max-abs, so the int8
 layer quantizes x ⊙ γ directly and multiplies the output by r · a. (Per-channel smoothing
@@ -98,8 +106,10 @@ class Int8Linear:
 
     def __init__(self, packed: object, scale: Tensor, bias: Tensor | None, norm: Tensor | None,
                  eps: float, shape: tuple[int, int], kernel: Int8Kernel,
-                 keep: tuple[Tensor, ...] = (), rot: Tensor | None = None) -> None:
+                 keep: tuple[Tensor, ...] = (), rot: Tensor | None = None,
+                 split: bool = False) -> None:
         self.packed = packed
+        self.split = split  # two codes per activation (module doc): finer, twice the rows
         # [b, b] orthogonal, applied in float64: a float32 matmul's summation order follows
         # the kernel its shape selects (a one-row pass takes a matrix-vector path), float64
         # rounded to float32 gives every row the same result whatever the pass holds
@@ -121,12 +131,14 @@ class Int8Linear:
     @classmethod
     def from_int8(cls, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
                   norm: Tensor | None = None, eps: float = 1e-6,
-                  kernel: Int8Kernel | None = None, rot: Tensor | None = None) -> Int8Linear:
+                  kernel: Int8Kernel | None = None, rot: Tensor | None = None,
+                  split: bool = False) -> Int8Linear:
         """From int8 [N, K] weights and their scales [N] (packs them: slow for big layers)."""
         kernel = kernel or default_kernel()
         packed = kernels.pack(kernel, qweight, scale)
         keep = (qweight,) if kernel.library == "fbgemm" else ()
-        return cls(packed, scale, bias, norm, eps, tuple(qweight.shape), kernel, keep, rot)
+        return cls(packed, scale, bias, norm, eps, tuple(qweight.shape), kernel, keep, rot,
+                   split)
 
     def state(self, prefix: str) -> dict[str, Tensor]:
         """Tensors that rebuild this layer (:meth:`from_state`): the packed oneDNN bytes and
@@ -139,7 +151,8 @@ class Int8Linear:
         else:
             out[f"{prefix}.qweight"] = self._keep[0]
         rot = None if self.rot is None else self.rot.float()  # made in float32: exact
-        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=rot)
+        split = torch.ones(1, dtype=torch.uint8) if self.split else None
+        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=rot, split=split)
 
     @classmethod
     def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float,
@@ -147,16 +160,18 @@ class Int8Linear:
         """The layer from :meth:`state`'s tensors (packed oneDNN bytes only for a oneDNN
         ``kernel``) or from unpacked int8 weights (packed here for ``kernel``)."""
         kernel = kernel or default_kernel()
-        scale, bias, norm, rot = (state[f"{prefix}.{x}"] if f"{prefix}.{x}" in state else None
+        scale, bias, norm, rot = (state.get(f"{prefix}.{x}")
                                   for x in ("scale", "bias", "norm", "rot"))
+        split = f"{prefix}.split" in state
         if f"{prefix}.blob" in state:
             if kernel.library != "onednn":
                 raise ValueError(f"{prefix}: packed oneDNN weights cannot run on {kernel}")
             blob, md = state[f"{prefix}.blob"], state[f"{prefix}.md"]
             n, k = int(scale.numel()), int(state[f"{prefix}.shape"][1])  # type: ignore[union-attr]
             packed = onednn.restore(blob, md, (k, n))
-            return cls(packed, scale, bias, norm, eps, (n, k), kernel, (blob, md), rot)  # type: ignore[arg-type]
-        return cls.from_int8(state[f"{prefix}.qweight"], scale, bias, norm, eps, kernel, rot)  # type: ignore[arg-type]
+            return cls(packed, scale, bias, norm, eps, (n, k), kernel, (blob, md), rot, split)  # type: ignore[arg-type]
+        return cls.from_int8(state[f"{prefix}.qweight"], scale, bias, norm, eps, kernel, rot,  # type: ignore[arg-type]
+                             split)
 
     def _scaled(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(y [M, N], s [M, 1]) with y·s the layer's output before the bias.
@@ -170,12 +185,31 @@ class Int8Linear:
         if self.rot is not None:  # block-diagonal rotation: spreads outliers within blocks
             u = (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
         a = torch.linalg.vector_norm(u, float("inf"), dim=-1, keepdim=True)  # [M, 1] max|u|
-        y = kernels.matmul(self.kernel, self.packed, u, a, self.scale, self._zeros, self._half)
+        if self.split:
+            y = self._two_codes(u / a)
+        else:
+            y = kernels.matmul(self.kernel, self.packed, u, a, self.scale, self._zeros,
+                               self._half)
         if self.norm is None:
             return y, a
         ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)  # [M, 1] sqrt(Σ x²)
         r = torch.addcmul(self._eps, ss, ss, value=1.0 / self.in_features).rsqrt_()
         return y, r.mul_(a)
+
+    def _two_codes(self, v: Tensor) -> Tensor:
+        """W v for v [M, K] in [-1, 1] from two codes per entry: v = h / L + r / (2 L²) with
+        h = round(L v) and r = round(2 L² v − 2 L h) (L = 1 / x_scale: 63 or 127), both
+        codes of the kernel's width, scored as 2M rows of one pass; the error of v is
+        1 / (4 L²) instead of 1 / (2 L). Every row is still an exact integer product and
+        a per-row float epilogue, so rows stay independent."""
+        levels = 1.0 / self.kernel.x_scale
+        hi = torch.round(v * levels).div_(levels)  # [M, K] on the code grid
+        rest = (v - hi).mul_(2.0 * levels)  # [M, K] in [-1, 1]
+        ones = torch.ones((2 * v.shape[0], 1), dtype=v.dtype)
+        y = kernels.matmul(self.kernel, self.packed, torch.cat([hi, rest]), ones, self.scale,
+                           self._zeros, self._half)  # [2M, N]
+        m = v.shape[0]
+        return torch.add(y[:m], y[m:], alpha=1.0 / (2.0 * levels))
 
     def __call__(self, x: Tensor) -> Tensor:
         y, s = self._scaled(x)

@@ -42,10 +42,10 @@ from verispec.models.native.model import Block, Transformer
 
 __all__ = [
     "CACHE_FILES",
-    "cache_file",
     "build_dense",
     "build_int4",
     "build_int8",
+    "cache_file",
     "dir_tensors",
     "int4_state",
     "int8_state",
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: precision -> format version of a cache file's contents
-CACHE_VERSIONS = {"int8": "verispec-int8/4", "int4": "verispec-int4/2"}
+CACHE_VERSIONS = {"int8": "verispec-int8/5", "int4": "verispec-int4/2"}
 #: names of the caches that older versions wrote into a model directory (never read as
 #: weights, never written any more)
 CACHE_FILES = {"int8": "verispec-int8.safetensors", "int4": "verispec-int4.safetensors"}
@@ -218,6 +218,8 @@ LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 
 DOWN_BLOCK = 128  # block size of the online rotation of down_proj's input
 O_BLOCK = 64  # block size of the online rotation of o_proj's input
+#: layers whose activations are fed as two codes (:class:`Int8Linear`'s ``split``)
+SPLIT_LAYERS: tuple[str, ...] = ()
 
 
 def _rotation(n: int, seed: int = 0) -> Tensor:
@@ -237,8 +239,8 @@ def _block(width: int, wanted: int) -> int | None:
 
 def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | None = None, *,
                rotate: bool = True, down_block: int | None = DOWN_BLOCK,
-               o_block: int | None = O_BLOCK, vocabulary: Tensor | None = None,
-               ) -> dict[str, Tensor]:
+               o_block: int | None = O_BLOCK, split: tuple[str, ...] = SPLIT_LAYERS,
+               vocabulary: Tensor | None = None) -> dict[str, Tensor]:
     """Quantize every linear layer (see :mod:`verispec.models.native.linear`): a flat dict of
     int8 weights, float32 scales, biases, RMSNorm weights and rotations, plus the float16
     embedding. ``vocabulary``: the lm_head keeps these rows only (a draft that scores a
@@ -280,6 +282,8 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
             rot: Tensor | None = None) -> None:
         q, scale = quantize_weight(weight)
         state[f"{prefix}.qweight"], state[f"{prefix}.scale"] = q, scale
+        if prefix.rsplit(".", 1)[-1] in split:
+            state[f"{prefix}.split"] = torch.ones(1, dtype=torch.uint8)
         if bias is not None:
             state[f"{prefix}.bias"] = bias.float().contiguous()
         if norm is not None:
