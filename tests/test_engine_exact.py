@@ -208,6 +208,11 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     assert good.choose() > 0
     young = _history(0.95 * (HISTORY_MIN - 1), HISTORY_MIN - 1)  # too few positions yet
     assert AutoGamma(costs, history=young).prior == AutoGamma(costs).prior
+    never = AutoGamma(_auto_costs(100.0), max_gamma=3, history=PairHistory())
+    never.start(500, 64)  # a new pair drafts (and reads the prompt) whatever the costs say
+    assert never.choose() >= 1
+    never.observe(1, 0)
+    assert never.history.tested == 1 and never.choose() >= 1  # type: ignore[union-attr]
     poor = _history(0.1 * HISTORY_MIN, HISTORY_MIN)
     bad = AutoGamma(costs, max_gamma=3, history=poor)
     bad.start(prompt, budget)

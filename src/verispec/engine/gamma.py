@@ -185,7 +185,10 @@ class AutoGamma:
     budget. A short prompt drafts from the first token; a long one with a small budget is
     decoded plainly until its output proves long (as in ski rental: by the estimate, the
     wait loses at most what one reading costs). While it waits it does not probe (a probe
-    would need the reading). γ depends only on the past, so every lossless verifier stays
+    would need the reading). So that a pessimistic prior cannot keep a pair from ever
+    drafting, requests with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN``
+    positions draft at least one token per iteration, from the first: they pay a prompt
+    reading to learn the pair's acceptance for the requests after them. γ depends only on the past, so every lossless verifier stays
     lossless.
     """
 
@@ -217,6 +220,9 @@ class AutoGamma:
 
     def choose(self) -> int:
         gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
+        if self.history is not None and self.history.tested < HISTORY_MIN:
+            self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
+            return max(gamma, 1)
         if not self.drafting:
             if gamma == 0:
                 return 0
