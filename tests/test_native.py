@@ -308,36 +308,6 @@ def test_int8_close_to_float(module: Any, kernel: kernels.Int8Kernel) -> None:
     assert q.precision == "int8"
 
 
-@pytest.mark.parametrize("kernel", PROVEN)
-def test_two_codes_per_activation_are_exact_and_closer_to_float(module: Any,
-                                                                 kernel: kernels.Int8Kernel,
-                                                                 ) -> None:
-    """Layers fed two codes per activation (``split``) keep rows independent (k tokens in
-    one pass equal one at a time) and land closer to the float model than one code."""
-    from verispec.models.native.config import NativeConfig
-    from verispec.models.native.weights import LAYER_LINEARS, build_int8, int8_state, module_tensors
-
-    config = NativeConfig.from_hf(module.config)
-    state = int8_state(config, module_tensors(module), split=(*LAYER_LINEARS, "head"))
-    assert all(f"layers.{i}.{n}.split" in state for i in range(config.layers)
-               for n in LAYER_LINEARS)
-    fine = NativeCausalLM(build_int8(config, state, kernel), TinyTokenizer(), "split",
-                          precision="int8")
-    assert fine.net.head.split  # type: ignore[union-attr]
-    coarse, ref = native_int8(module, kernel), native(module)
-    prefix, block = seq(12, 130), seq(6, 131)
-    outs = []
-    for m in (fine, coarse, ref):
-        m.add_rows([prefix])
-        outs.append(m.extend([block])[0].softmax(-1))
-    fine.rollback([len(prefix)])
-    singles = torch.cat([fine.extend([[t]])[0] for t in block]).softmax(-1)
-    assert torch.equal(singles, outs[0])
-    err_fine = float((outs[0] - outs[2]).abs().sum(-1).max())
-    err_coarse = float((outs[1] - outs[2]).abs().sum(-1).max())
-    assert err_fine < 0.5 * err_coarse
-
-
 @needs_int8
 def test_int8_kernels_of_one_code_width_agree(module: Any) -> None:
     """Two libraries fed the same codes compute the same model (up to activations that round
@@ -429,53 +399,6 @@ def test_int4_draft_runs_wide_passes_on_its_int8_form(module: Any) -> None:
     for m in (draft, int8_only):
         m.rollback([len(prefix)])
     assert not torch.equal(draft.extend([narrow]), int8_only.extend([narrow]))
-
-
-@pytest.mark.parametrize("precision", ["float32", pytest.param("int8", marks=needs_int8)])
-def test_a_draft_can_score_a_vocabulary_subset(module: Any, tmp_path: Path,
-                                               precision: str) -> None:
-    """``vocabulary=n``: the lm_head keeps ids < n and the end-of-text ids; the logits are
-    the full model's there and -inf elsewhere, so q is zero outside; the quantized subset
-    model has its own cache file and reloads bit for bit."""
-    full = native(module, precision)
-    tok = TinyTokenizer()
-    part = from_hf_module(module, tok, "subset", precision, vocabulary=20)
-    assert part.vocabulary == 20 and part.spawn().vocabulary == 20
-    prefix, block = seq(7, 120), seq(3, 121)
-    for m in (full, part):
-        m.add_rows([prefix])
-    a, b = full.extend([block])[0], part.extend([block])[0]  # [3, V]
-    assert torch.isinf(b[:, 20:]).all() and (b[:, 20:] < 0).all()
-    close(b[:, :20], a[:, :20], 1e-6)
-    assert part.net.head.out_features == full.vocab_size  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="at least one id"):
-        from_hf_module(module, tok, "none", precision, vocabulary=0)
-    assert from_hf_module(module, tok, "all", precision, vocabulary=10**6).vocabulary is None
-    if precision == "int8":
-        module.save_pretrained(tmp_path)
-        first = load_native(tmp_path, "int8", tokenizer=tok, vocabulary=20)
-        files = list(cache_file(tmp_path, "int8", kernels.choose()[0]).parent.iterdir())
-        assert any("-v20-" in f.name for f in files)
-        again = load_native(tmp_path, "int8", tokenizer=tok, vocabulary=20)
-        for m in (first, again):
-            m.add_rows([prefix])
-        loaded = first.extend([block])[0]
-        assert torch.equal(loaded, again.extend([block])[0]) and torch.equal(loaded, b)
-
-
-def test_draft_vocabulary_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from verispec.models.loading import DRAFT_VOCABULARY_ENV, draft_vocabulary
-
-    monkeypatch.delenv(DRAFT_VOCABULARY_ENV, raising=False)
-    assert draft_vocabulary() is None  # the whole vocabulary by default
-    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "full")
-    assert draft_vocabulary() is None
-    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "32768")
-    assert draft_vocabulary() == 32768
-    for bad in ("0", "-3", "half"):
-        monkeypatch.setenv(DRAFT_VOCABULARY_ENV, bad)
-        with pytest.raises(ValueError, match=DRAFT_VOCABULARY_ENV):
-            draft_vocabulary()
 
 
 def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:

@@ -235,8 +235,10 @@ def _timed_choice(candidates: list[Int8Kernel]) -> tuple[Int8Kernel, str]:
     file = _choice_file()
     try:
         record = json.loads(file.read_text())
-        return parse(record["kernel"]), record["reason"]
-    except (OSError, ValueError, KeyError):
+        recorded = parse(record["kernel"])
+        if recorded in candidates:
+            return recorded, record["reason"]
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     times = {str(k): _time(k) for k in candidates}
     best = min(candidates, key=lambda k: times[str(k)])
@@ -244,7 +246,9 @@ def _timed_choice(candidates: list[Int8Kernel]) -> tuple[Int8Kernel, str]:
     reason = f"fastest here ({shown}; rows {'+'.join(map(str, TIMING_ROWS))})"
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps({"kernel": str(best), "reason": reason, "times": times}))
+        tmp = file.with_name(f".{file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"kernel": str(best), "reason": reason, "times": times}))
+        tmp.replace(file)  # atomic: a concurrent reader sees the old record or the new
     except OSError:
         pass
     return best, reason
