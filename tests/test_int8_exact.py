@@ -148,16 +148,9 @@ class _PerTensorInt8(Int8Linear):
     """Negative control: one activation scale for the whole pass, as PyTorch's dynamic int8
     linear computes it, instead of one per token."""
 
-    def _scaled(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u = x if self._factors is None else x * self._factors  # [M, K]
-        if self.rot is not None:
-            u = (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
-        a = u.abs().amax().expand(u.shape[0], 1).contiguous()  # [M, 1]: the same for all rows
-        y = kernels.matmul(self.kernel, self.packed, u, a, self.scale, self._zeros, self._half)
-        if self.norm is None:
-            return y, a
-        ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)
-        return y, torch.addcmul(self._eps, ss, ss, value=1.0 / self.in_features).rsqrt_() * a
+    @staticmethod
+    def _row_scale(u: torch.Tensor) -> torch.Tensor:
+        return u.abs().amax().expand(u.shape[0], 1).contiguous()  # [M, 1]: one for all rows
 
 
 def _per_tensor(model: NativeCausalLM) -> NativeCausalLM:

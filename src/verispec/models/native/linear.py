@@ -184,7 +184,7 @@ class Int8Linear:
         u = x if self._factors is None else x * self._factors  # [M, K]
         if self.rot is not None:  # block-diagonal rotation: spreads outliers within blocks
             u = (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
-        a = torch.linalg.vector_norm(u, float("inf"), dim=-1, keepdim=True)  # [M, 1] max|u|
+        a = self._row_scale(u)  # [M, 1]
         if self.split:
             y = self._two_codes(u / a)
         else:
@@ -195,6 +195,11 @@ class Int8Linear:
         ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)  # [M, 1] sqrt(Σ x²)
         r = torch.addcmul(self._eps, ss, ss, value=1.0 / self.in_features).rsqrt_()
         return y, r.mul_(a)
+
+    @staticmethod
+    def _row_scale(u: Tensor) -> Tensor:
+        """[M, K] -> [M, 1]: each row's own max-abs (one activation scale per token)."""
+        return torch.linalg.vector_norm(u, float("inf"), dim=-1, keepdim=True)
 
     def _two_codes(self, v: Tensor) -> Tensor:
         """W v for v [M, K] in [-1, 1] from two codes per entry: v = h / L + r / (2 L²) with

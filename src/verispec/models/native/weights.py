@@ -349,8 +349,9 @@ def _source_stamp(path: Path) -> str:
 def cache_file(path: str | os.PathLike[str], precision: str,
                kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None) -> Path:
     """verispec's cache file for the ``precision`` (int8 or int4) weights of the model in
-    directory ``path``, made for int8 ``kernel`` (int8 only) on this machine signature, with
-    an lm_head over the ids ``vocabulary`` (None: all)."""
+    directory ``path``, made for int8 ``kernel`` (int8 only) and the running CPU's
+    :func:`~verispec.models.native.kernels.signature`, with an lm_head over the ids
+    ``vocabulary`` (None: all)."""
     from verispec.models.fetch import cache_dir
 
     path = Path(path).resolve()
@@ -364,7 +365,8 @@ def cache_file(path: str | os.PathLike[str], precision: str,
     if vocabulary is not None:
         ids = vocabulary.to(torch.int64).numpy().tobytes()
         tag += f"-v{vocabulary.numel()}-{hashlib.sha256(ids).hexdigest()[:8]}"
-    return cache_dir() / "quantized" / f"{path.name}-{where}" / f"{tag}-{kernels.signature()}.safetensors"
+    name = f"{tag}-{kernels.signature()}.safetensors"
+    return cache_dir() / "quantized" / f"{path.name}-{where}" / name
 
 
 def load_cache(path: str | os.PathLike[str], precision: str,
