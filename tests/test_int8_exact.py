@@ -168,9 +168,14 @@ def _per_tensor(model: NativeCausalLM) -> NativeCausalLM:
     return clone
 
 
-def test_per_tensor_activation_scales_are_caught(pair: tuple[NativeCausalLM, NativeCausalLM],
-                                                 ) -> None:
+def test_negative_control_per_tensor_scales_are_caught(
+        pair: tuple[NativeCausalLM, NativeCausalLM]) -> None:
+    """Runs on every kernel of the module (oneDNN and fbgemm alike): the override changes
+    only the activation scale, the kernel call is the layer's own."""
     target = _per_tensor(pair[0])
+    kernel = pair[0].net.head.kernel  # type: ignore[union-attr]
+    layers = [getattr(b, n) for b in target.net.blocks for n in ("qkv", "o", "gate_up", "down")]
+    assert all(type(lin) is _PerTensorInt8 and lin.kernel == kernel for lin in layers)
     reference = one_at_a_time_law(target, PROMPT, WARP, LENGTH)
     law = engine_run_law(target, pair[1], "block", 2)
     assert tv_distance(law, reference) > 10 * FLOAT32_ROUNDING

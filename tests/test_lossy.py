@@ -1,5 +1,5 @@
-"""Lossy verification (Section 4, Theorems 4–5, Appendix G of
-theoretical-perspective-speculative-decoding.txt): exact single-step laws, the Pareto line,
+"""Lossy verification (Section 4, Theorems 4–5, Appendix G of *A Theoretical Perspective for
+Speculative Decoding Algorithm*, Yin et al., NeurIPS 2024): exact single-step laws, the Pareto line,
 the reported bias, a chi-square check of the batched sampler, parameter errors and the
 engine end to end. p = target, q = draft."""
 

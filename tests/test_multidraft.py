@@ -1,5 +1,6 @@
 """Multi-draft speculative decoding (Algorithm 4 / Theorem 3 of
-theoretical-perspective-speculative-decoding.txt): losslessness, Theorem 3's rejections,
+*A Theoretical Perspective for Speculative Decoding Algorithm*, Yin et al., NeurIPS 2024):
+losslessness, Theorem 3's rejections,
 the sampler against the exact law (with a negative control), the engine's cost accounting."""
 
 from __future__ import annotations

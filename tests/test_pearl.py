@@ -450,9 +450,9 @@ def test_cli_pearl_json_and_timeline_match_the_reference(tmp_path) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["--method", "ar", "--gamma", "auto"], "gamma must be an integer for ar"),
-    (["--verifier", "mjgd", "--gamma", "auto"], "gamma must be an integer for mjgd"),
+    (["--method", "mjgd", "--gamma", "auto"], "gamma must be an integer for mjgd"),
     (["--method", "token[verifier=block]"], "does not take the option(s) verifier"),
-    (["--verifier", "block", "--timeline", "x.png"], "--timeline needs --method pearl"),
+    (["--method", "block", "--timeline", "x.png"], "--timeline needs --method pearl"),
     (["--method", "pearl[verifier=multidraft]"], "token or block"),
     (["--method", "pearl", "--drafter", "ngram"], "needs a draft model"),
     (["--method", "pearl", "--no-pre-verify"], "unrecognized arguments: --no-pre-verify"),

@@ -3,7 +3,8 @@ implementation of Algorithms 1 and 2, and the temperature-0 reduction to exact m
 
 Independent expectations used here:
 
-* Section 2 of block-verification.txt (Mb(A) = 1/3, Ms(A) = 2/3, γ = 2): E[τ] is 10/9 for
+* Section 2 of *Block Verification Accelerates Speculative Decoding* (Sun et al., ICLR 2025)
+  (Mb(A) = 1/3, Ms(A) = 2/3, γ = 2): E[τ] is 10/9 for
   token verification and 11/9 for block verification, with the per-draft behaviour the
   paper spells out (AA accepted with probability 1/4, else corrected to B; BA always keeps
   B and accepts A with probability 1/2; AB and BB always accepted); the full-information
@@ -33,7 +34,8 @@ TOL = 1e-12
 
 
 # --------------------------------------------------------------------------------------
-# Scalar reference: Algorithms 1 and 2 of block-verification.txt, one row, python floats.
+# Scalar reference: Algorithms 1 and 2 of Block Verification Accelerates Speculative Decoding
+# (Sun et al.), one row, python floats.
 # --------------------------------------------------------------------------------------
 
 def _residual(weights: list[float]) -> list[float]:

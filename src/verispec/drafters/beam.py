@@ -1,4 +1,5 @@
-"""Beam-search drafting for MJSD (Algorithm 1 of mjsd-multi-token-joint-speculative-decoding.txt).
+"""Beam-search drafting for MJSD (Algorithm 1 of *Multi-Token Joint Speculative Decoding for
+Accelerating Large Language Model Inference*, Qin et al.).
 
 :func:`beam_search` keeps the ``num_beams`` continuations of highest joint probability under
 the *warped* distribution of a model (sum of log-probabilities, no length normalisation; all

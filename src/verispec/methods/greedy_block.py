@@ -1,4 +1,5 @@
-"""Greedy block verification as a method: Algorithm 6 of block-verification.txt (Appendix C).
+"""Greedy block verification as a method: Algorithm 6 (Appendix C) of *Block Verification
+Accelerates Speculative Decoding* (Sun et al., ICLR 2025).
 
 ``greedy-block`` is **lossless**: every iteration runs Algorithm 4 (greedy block
 verification) against the *current* target, then modifies that target for the next

@@ -1,5 +1,6 @@
 """The ``lossy`` method: token verification with over-acceptance ε and a chosen residual
-(Section 4 / Appendix G of theoretical-perspective-speculative-decoding.txt)."""
+(Section 4 / Appendix G of *A Theoretical Perspective for Speculative Decoding Algorithm*,
+Yin et al., NeurIPS 2024)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class LossyMethod(Method):
     NOT lossless: ``lossless`` is True only for ε = 0 with ``residual="opt"``, which is
     token verification exactly. With ``residual="target"`` even ε = 0 is biased whenever
     p ≠ q (the step law is min{p, q} + TV(p, q)·p). Algorithm: Appendix G of
-    theoretical-perspective-speculative-decoding.txt (Algorithm 2 with the acceptance
+    *A Theoretical Perspective for Speculative Decoding Algorithm* (Algorithm 2 with the acceptance
     raised by ε; residual = Theorem 4's Pareto-optimal [A]₊ normalised, or the target p).
     Each step's exact bias TV(step law, p) is added to ``Stats.bias_tv_sum``.
 

@@ -1,4 +1,5 @@
-"""MJSD and MJGD (Qin et al., mjsd-multi-token-joint-speculative-decoding.txt).
+"""MJSD and MJGD (*Multi-Token Joint Speculative Decoding for Accelerating Large Language Model
+Inference*, Qin et al.).
 
 Neither method is lossless: both choose tokens by *joint* likelihood instead of sampling
 from the target, so their outputs do not follow the target distribution. Their quality is

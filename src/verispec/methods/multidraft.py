@@ -1,13 +1,15 @@
 """Multi-draft speculative decoding as an engine method (``multidraft``).
 
-Algorithm 4 ("Batch Speculative Sampling") of theoretical-perspective-speculative-decoding.txt,
-verified by :func:`verispec.verify.multidraft.multidraft_plan`. Lossless (Theorem 3).
+Algorithm 4 ("Batch Speculative Sampling") of *A Theoretical Perspective for Speculative
+Decoding Algorithm* (Yin et al., NeurIPS 2024), verified by
+:func:`verispec.verify.multidraft.multidraft_plan`. Lossless (Theorem 3).
 
 Each iteration the drafter samples M i.i.d. drafts of γ tokens from the shared context; the
 engine forks the target and scores all M rows in one batched pass, so the target processes
 M·(γ+1) token positions per iteration instead of γ+1 (``Stats.target_tokens_scored``). That
-extra compute is the price a fair comparison must charge (block-verification.txt, Appendix
-D.1): under query batching it is not free.
+extra compute is the price a fair comparison must charge (*Block Verification Accelerates
+Speculative Decoding*, Sun et al., ICLR 2025, Appendix D.1): under query batching it is not
+free.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ __all__ = ["MULTIDRAFT", "MultiDraftMethod", "multidraft_step"]
 class MultiDraftMethod(Method):
     """Depth-first verification of M i.i.d. drafts (Algorithm 4; lossless by Theorem 3).
 
-    With M = 1 it is exactly token verification (Algorithm 1 of block-verification.txt).
+    With M = 1 it is exactly token verification (Algorithm 1 of *Block Verification
+    Accelerates Speculative Decoding*, Sun et al., ICLR 2025).
 
     Args:
         num_drafts: M ≥ 1, drafts per iteration.

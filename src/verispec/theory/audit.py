@@ -95,7 +95,8 @@ def audit_models(model: str, vocab: int, seed: int, eos: int | None = None) -> t
     kw: dict[str, Any] = {"eos_token_id": eos}
     if eos is not None and not 0 <= eos < vocab:
         raise ValueError(f"--eos {eos} is not a token of a vocabulary of {vocab}")
-    if model == "ab-example":  # block-verification.txt, equation (2): Mb = (1/3, 2/3), Ms = (2/3, 1/3)
+    # equation (2) of Block Verification Accelerates Speculative Decoding (Sun et al.):
+    if model == "ab-example":  # Mb = (1/3, 2/3), Ms = (2/3, 1/3)
         if vocab != 2:
             raise ValueError("the ab-example pair has a vocabulary of 2 tokens (A, B): use --vocab 2")
         return (ContextIndependentLM([1 / 3, 2 / 3], **kw), ContextIndependentLM([2 / 3, 1 / 3], **kw))

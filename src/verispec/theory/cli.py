@@ -91,7 +91,8 @@ def _add_theory(sub: Any) -> None:
     t = sub.add_parser("theory", help="the papers' numbers next to ours (toy example, Lemma 10, "
                        "rejections, batch, Pareto, draft length, predictions)")
     ts = t.add_subparsers(dest="theory_command", required=True)
-    p = ts.add_parser("toy-example", help="block-verification.txt §2-3: 10/9, 11/9, 12/9 and the CCDF of τ")
+    p = ts.add_parser("toy-example", help="Block Verification Accelerates Speculative "
+                      "Decoding (Sun et al.) §2-3: 10/9, 11/9, 12/9 and the CCDF of τ")
     p.add_argument("--gamma", type=int, default=2)
     p.add_argument("--ccdf-gamma", type=int, default=10)
     _output(p)

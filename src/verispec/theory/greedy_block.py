@@ -1,4 +1,5 @@
-"""Exact laws of greedy block verification (Appendix C of block-verification.txt) on toy models.
+"""Exact laws of greedy block verification (Appendix C of *Block Verification Accelerates
+Speculative Decoding*, Sun et al., ICLR 2025) on toy models.
 
 :func:`greedy_block_law` enumerates Algorithm 6 — every draft block, every (τ, Y) outcome,
 and the distribution-modification state carried from one iteration to the next — reusing

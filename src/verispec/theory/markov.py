@@ -1,5 +1,6 @@
 """Expected rejections for non-stationary Markov chains (Theorems 1 and 3 of
-theoretical-perspective-speculative-decoding.txt), exactly and by running the real engine.
+*A Theoretical Perspective for Speculative Decoding Algorithm*, Yin et al., NeurIPS 2024),
+exactly and by running the real engine.
 
 The paper writes p for the draft and q for the target; here p = target, q = draft. Its
 setting (Figure 2): target and draft are non-stationary Markov chains over V = 7 states with

@@ -1,7 +1,8 @@
 """Exact laws and Theorem 3's closed forms for multi-draft (batch) speculative decoding.
 
-Algorithm 4 / Theorem 3 of theoretical-perspective-speculative-decoding.txt, translated to
-p = target, q = draft (the paper uses the opposite letters).
+Algorithm 4 / Theorem 3 of *A Theoretical Perspective for Speculative Decoding Algorithm*
+(Yin et al., NeurIPS 2024), translated to p = target, q = draft (the paper uses the
+opposite letters).
 
 * :func:`multidraft_speculative_law` enumerates every tuple of M i.i.d. drafts and every
   (branch, τ, Y) outcome of :func:`verispec.verify.multidraft.multidraft_law`, with the

@@ -1,6 +1,20 @@
 """The papers' numbers, computed by the library's own code next to the papers' stated values.
 
-* :func:`toy_example` — block-verification.txt Sections 2–3: with the A/B models
+Papers:
+
+* BV — *Block Verification Accelerates Speculative Decoding*, Ziteng Sun, Uri Mendlovic,
+  Yaniv Leviathan, Asaf Aharoni, Jae Hun Ro, Ahmad Beirami, Ananda Theertha Suresh
+  (ICLR 2025);
+* TP — *A Theoretical Perspective for Speculative Decoding Algorithm*, Ming Yin, Minshuo
+  Chen, Kaixuan Huang, Mengdi Wang (NeurIPS 2024);
+* MJSD — *Multi-Token Joint Speculative Decoding for Accelerating Large Language Model
+  Inference*, Zongyue Qin, Ziniu Hu, Zifan He, Neha Prakriya, Jason Cong, Yizhou Sun;
+* PEARL — *Parallel Speculative Decoding with Adaptive Draft Length*, Tianyu Liu, Yun Li,
+  Qitan Lv, Kai Liu, Jianchen Zhu, Winston Hu.
+
+Numbers:
+
+* :func:`toy_example` — BV Sections 2–3: with the A/B models
   (Mb = (1/3, 2/3), Ms = (2/3, 1/3)) and γ = 2, token verification accepts 10/9 draft
   tokens in expectation, block verification 11/9, the full-information optimum 12/9; and the
   complementary CDF P(τ ≥ x) of both for γ = 10 (its Figure 3, there estimated empirically,
@@ -8,7 +22,7 @@
 * :func:`ot_bound` — Lemma 10 (Appendix C.3): Σ_ℓ Σ_{x^ℓ} min{Ms(x^ℓ), Mb(x^ℓ)} bounds E[τ]
   of every verifier that couples a draft block with a target block; greedy block verification
   attains it (Lemma 9), block verification sits between token verification and it.
-* :func:`batch_curves` — Theorem 3 of theoretical-perspective-speculative-decoding.txt:
+* :func:`batch_curves` — Theorem 3 of TP:
   expected rejections of multi-draft decoding as a function of M for Markov chains, and the
   single-token batch improvement of the Bernoulli and uniform examples (its Figure 3 right),
   with their limits as M → ∞.
@@ -48,7 +62,8 @@ from verispec.verify.lossy import step_law
 
 __all__ = ["PAPER_TOY", "batch_curves", "ot_bound", "pareto_points", "rejection_study", "toy_example"]
 
-#: block-verification.txt, Section 2 (γ = 2): expected accepted draft tokens.
+#: Block Verification Accelerates Speculative Decoding (Sun et al.), Section 2 (γ = 2):
+#: expected accepted draft tokens.
 PAPER_TOY = {"token": Fraction(10, 9), "block": Fraction(11, 9), "optimal": Fraction(12, 9)}
 
 

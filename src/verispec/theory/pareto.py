@@ -1,5 +1,6 @@
 """The rejection / distribution-bias trade-off of one verification step (Section 4,
-Theorems 4–5 of theoretical-perspective-speculative-decoding.txt), in verispec's letters.
+Theorems 4–5 of *A Theoretical Perspective for Speculative Decoding Algorithm*, Yin et al.,
+NeurIPS 2024), in verispec's letters.
 
 The paper writes p for the draft and q for the target; here p = target and q = draft.
 A biased single-step algorithm accepts X ~ q with probability b(x) and otherwise emits

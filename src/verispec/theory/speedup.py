@@ -1,4 +1,5 @@
-"""Draft length and predicted speed-up (pearl-parallel-speculative-decoding.txt, Section 4).
+"""Draft length and predicted speed-up (Section 4 of *Parallel Speculative Decoding with
+Adaptive Draft Length*, Liu et al.).
 
 Timing model (the paper's): a draft forward takes t, a target forward c·t, whatever the
 number of tokens it scores; autoregressive decoding emits one token per c·t.
@@ -109,11 +110,8 @@ def pearl_phase_simulation(alpha: float, gamma: int, tokens: int = 3000, seed: i
     _check(alpha)
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"the simulation needs 0 < α < 1, got {alpha}")
-    try:
-        from verispec.methods.pearl.reference import reference_generate
-        from verispec.methods.pearl.schedule import PearlConfig
-    except ImportError as exc:  # pragma: no cover - PEARL ships with verispec
-        raise ValueError(f"pearl: not yet available ({exc})") from exc
+    from verispec.methods.pearl.reference import reference_generate
+    from verispec.methods.pearl.schedule import PearlConfig
     from verispec.models.toy import ContextIndependentLM
     from verispec.sampling import Sampling
 

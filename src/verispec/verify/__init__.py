@@ -1,9 +1,16 @@
 """Verifiers: pure, batched functions over tensors (no model inside).
 
-Every verifier in :data:`VERIFIERS` has the signature of :class:`Verifier`::
+The single-draft verifiers (:func:`token_verify`, :func:`block_verify`,
+:func:`greedy_block_verify`) have the signature of :class:`Verifier`::
 
     verify(target_probs [B, γ+1, V], draft_probs [B, γ, V], draft_tokens [B, γ] int64,
            generator) -> VerifyResult(num_accepted [B], next_token [B])
+
+Greedy block verification on its own is the BIASED variant: it is lossless only together
+with the distribution modification of :class:`verispec.methods.greedy_block.GreedyBlockMethod`.
+Verifiers with extra parameters or inputs (``lossy_verify(..., epsilon, residual)``,
+``multidraft_verify`` over [B, M, ...], ``mjsd_verify`` over joint draft probabilities) take
+them besides.
 
 See :mod:`verispec.verify._core` for the vocabulary (accepted, recovered, bonus).
 """
@@ -27,8 +34,6 @@ from verispec.verify.multidraft import multidraft_law, multidraft_plan, multidra
 from verispec.verify.token import token_plan, token_verify
 
 __all__ = [
-    "PLANS",
-    "VERIFIERS",
     "Verifier",
     "VerifyPlan",
     "VerifyResult",
@@ -49,22 +54,3 @@ __all__ = [
     "token_plan",
     "token_verify",
 ]
-
-#: Name -> verifier function with the common single-draft signature. Greedy block
-#: verification on its own is the BIASED variant: it is lossless only together with the
-#: distribution modification of :class:`verispec.methods.greedy_block.GreedyBlockMethod`.
-#: Verifiers with extra parameters or inputs (``lossy_verify(..., epsilon, residual)``,
-#: ``multidraft_verify`` over [B, M, ...], ``mjsd_verify`` over joint draft probabilities)
-#: are exported by name instead.
-VERIFIERS: dict[str, Verifier] = {
-    "token": token_verify,
-    "block": block_verify,
-    "greedy-block-unmodified": greedy_block_verify,
-}
-
-#: Name -> plan function (deterministic part), for verifiers that have one.
-PLANS = {
-    "token": token_plan,
-    "block": block_plan,
-    "greedy-block-unmodified": greedy_block_plan,
-}

@@ -1,4 +1,5 @@
-"""Block verification (Algorithm 2 of block-verification.txt, Sun et al., ICLR 2025).
+"""Block verification (Algorithm 2 of *Block Verification Accelerates Speculative Decoding*,
+Sun et al., ICLR 2025).
 
 Lossless (Theorem 1) and optimal among valid verifiers in the expected number of tokens
 per iteration (Theorem 2). With p_0 = 1 and p_i = min{1, p_{i-1} p(X_i)/q(X_i)}:

@@ -1,5 +1,6 @@
 """Greedy block verification and the distribution modification (Appendix C of
-block-verification.txt, Sun et al., ICLR 2025: Algorithms 4, 5 and 6).
+*Block Verification Accelerates Speculative Decoding*, Sun et al., ICLR 2025: Algorithms 4,
+5 and 6).
 
 **Algorithm 4 alone is NOT lossless across iterations.** One iteration of it emits
 (X^τ, Y) such that (X^τ, Y, Z) follows the target when the next γ−τ−1 tokens Z are drawn

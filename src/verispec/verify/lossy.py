@@ -1,5 +1,5 @@
 """Lossy verification with over-acceptance ε (Section 4 and Appendix G of
-theoretical-perspective-speculative-decoding.txt, Yin et al. 2024).
+*A Theoretical Perspective for Speculative Decoding Algorithm*, Yin et al., NeurIPS 2024).
 
 NOT lossless for ε > 0. The paper writes p for the draft and q for the target; here, as
 everywhere in verispec, p = target and q = draft. Token verification (Algorithm 2 of that

@@ -1,4 +1,5 @@
-"""MJSD verification (Algorithm 1 of mjsd-multi-token-joint-speculative-decoding.txt).
+"""MJSD verification (Algorithm 1 of *Multi-Token Joint Speculative Decoding for Accelerating
+Large Language Model Inference*, Qin et al.).
 
 NOT lossless: the output does not follow the target distribution; MJSD trades exactness
 for joint likelihood (its quality is measured as perplexity under the target).

@@ -1,5 +1,6 @@
 """Multi-draft ("batch") speculative verification: Algorithm 4 of
-theoretical-perspective-speculative-decoding.txt (Yin et al. 2024, Section 3.2, Theorem 3).
+*A Theoretical Perspective for Speculative Decoding Algorithm* (Yin et al., NeurIPS 2024,
+Section 3.2, Theorem 3).
 
 Lossless (Theorem 3, first part; proof in Appendix D, Theorem 9): the emitted tokens follow
 the target p exactly, provided the M drafts are i.i.d. from q given the shared context.

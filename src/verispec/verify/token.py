@@ -1,4 +1,5 @@
-"""Token verification (Algorithm 1 of block-verification.txt; Leviathan et al. 2023).
+"""Token verification (Algorithm 1 of *Block Verification Accelerates Speculative Decoding*,
+Sun et al., ICLR 2025; after Leviathan et al. 2023).
 
 Lossless. Draft token X_i is accepted with probability min{1, p(X_i)/q(X_i)}; the first
 rejection stops the scan and Y is drawn from the residual [p - q]_+ at that position.

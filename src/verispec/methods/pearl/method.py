@@ -1,4 +1,4 @@
-"""PEARL (Liu et al., pearl-parallel-speculative-decoding.txt) as a method.
+"""PEARL (*Parallel Speculative Decoding with Adaptive Draft Length*, Liu et al.) as a method.
 
 ``verispec generate --method 'pearl[verifier=token]' [--gamma auto|N] [--timeline out.png]``,
 options ``verifier`` (token | block, the rule each window is verified with), ``pre_verify``,

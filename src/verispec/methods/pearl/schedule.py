@@ -1,4 +1,5 @@
-"""PEARL's schedule (Algorithm 2 of pearl-parallel-speculative-decoding.txt) as a state machine.
+"""PEARL's schedule (Algorithm 2 of *Parallel Speculative Decoding with Adaptive Draft Length*,
+Liu et al.) as a state machine.
 
 The algorithm alternates between two modes; every *phase* runs the draft model and the
 target model at the same time (in the concurrent engine) and ends with one verification:
