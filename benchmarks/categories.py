@@ -1,95 +1,97 @@
-"""Per-category speed-ups of one method over others from a ``verispec bench`` run, as run
-and over the decoding alone, with the prefill's share of the time.
+"""Per-category speed-ups of one method over others from a ``verispec bench`` run, end to
+end and over the decoding alone, with the prefill's share of the time.
 
     python benchmarks/categories.py main/results.jsonl --method block --over ar,llamacpp-ar
 
-"As run" is tokens / seconds (prefill included), "decoding" is tokens / (seconds − prefill
-seconds): everything after the target has read the prompt, so a draft's own reading of the
-prompt counts as decoding. llama.cpp reports no prefill time, so its rows have no decoding
-figure. Ratios are paired per prompt (same prompt, temperature and seed), geometric means
-with 95% Student-t intervals over prompts (the bench's own ``paired_ratio_ci``).
+What it computes, per category (and ``all``) and temperature, from the rows at batch size 1:
+
+* ``METHOD / OTHER``: tokens / seconds (prefill included) of METHOD over OTHER;
+* ``METHOD / OTHER, decoding``: the decode rate, ``decode_tokens`` / ``decode_seconds``
+  (the tokens generated after the prefill over the time after it, the same work on every
+  side; see :mod:`verispec.bench.runner`), of METHOD over OTHER. Rows of older files have
+  no such fields: verispec's own rows then use tokens / (seconds − ``prefill_time_s``),
+  and peers such as llama.cpp, which recorded no prefill, get –;
+* each ratio is paired: rows of the same prompt, temperature and repeat (hence seed); the
+  log ratios of a prompt's repeats are averaged first, and the figure is their geometric
+  mean over the category's prompts with a 95% Student-t interval over those prompts (the
+  bench's own estimator, :mod:`verispec.bench.metrics`);
+* a method must have run at one γ per temperature (rows are matched by method label);
+* ``prefill share, OTHER / METHOD``: the arithmetic mean over rows of ``prefill_seconds``
+  (older verispec rows: ``prefill_time_s``) / seconds, for the first OTHER and for METHOD
+  (– without prefill times). What a prefill covers differs by side (``prefill_covers``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.metrics import paired_ratio_ci
+from verispec.bench.metrics import (
+    Metric,
+    decode_throughput,
+    paired_ratio,
+    prefill_seconds,
+    throughput,
+)
 
 Row = dict[str, Any]
 
 
-def _speed(row: Row) -> float:
-    return row["tokens"] / row["seconds"]
-
-
-def _decoding(row: Row) -> float | None:
-    prefill = row.get("prefill_time_s")
-    if prefill is None or row["method"].startswith("llamacpp"):
-        return None
-    return row["tokens"] / (row["seconds"] - prefill)
-
-
-def _paired(runs: dict[tuple[str, float], dict[str, Row]], method: str, over: str,
-            temperature: float, prompts: set[str], metric: Callable[[Row], float | None],
-            ) -> str:
-    logs = []
-    for (prompt, t), by_method in runs.items():
-        if t != temperature or prompt not in prompts or method not in by_method \
-                or over not in by_method:
-            continue
-        a, b = metric(by_method[method]), metric(by_method[over])
-        if a is not None and b is not None:
-            logs.append(math.log(a / b))
-    mean, ci = paired_ratio_ci(logs)
-    if mean is None:
+def _paired(mine: list[Row], theirs: list[Row], metric: Metric) -> str:
+    ratio = paired_ratio(mine, theirs, metric)
+    if ratio.ratio is None:
         return "–"
-    return f"{mean:.2f}× [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{mean:.2f}×"
+    ci = ratio.ci95
+    return f"{ratio.ratio:.2f}× [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{ratio.ratio:.2f}×"
 
 
 def _prefill_share(rows: list[Row]) -> str:
-    shares = [r["prefill_time_s"] / r["seconds"] for r in rows
-              if r.get("prefill_time_s") is not None]
+    shares = [p / r["seconds"] for r in rows
+              if (p := prefill_seconds(r)) is not None and r.get("seconds")]
     return f"{100 * sum(shares) / len(shares):.0f}%" if shares else "–"
 
 
 def table(rows: list[Row], method: str, over: Sequence[str]) -> str:
     """The markdown table: one line per category (and all) and temperature."""
-    runs: dict[tuple[str, float], dict[str, Row]] = defaultdict(dict)
-    categories: dict[str, set[str]] = defaultdict(set)
+    rows = [r for r in rows if r.get("batch_size", 1) == 1]
+    for name in (method, *over):
+        gammas = {(r["temperature"], r["gamma"]) for r in rows if r["method"] == name}
+        if len(gammas) > len({t for t, _ in gammas}):
+            raise ValueError(f"{name} ran at several γ at one temperature; the table pairs "
+                             "one config per method")
+    categories: dict[str, set[str]] = {}
     for r in rows:
-        runs[(r["prompt_id"], r["temperature"])][r["method"]] = r
-        categories[r["category"]].add(r["prompt_id"])
+        categories.setdefault(r["category"], set()).add(r["prompt_id"])
     categories["all"] = {p for ids in categories.values() for p in ids}
     head = ["category (prompts)", "T"]
     for o in over:
-        head += [f"{method} / {o}"] + ([f"{method} / {o}, decoding"]
-                                       if not o.startswith("llamacpp") else [])
+        head += [f"{method} / {o}", f"{method} / {o}, decoding"]
     head += [f"prefill share, {over[0]} / {method}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for temperature in sorted({t for _, t in runs}):
+    for temperature in sorted({r["temperature"] for r in rows}):
         for category, prompts in categories.items():
+            chosen = [r for r in rows if r["temperature"] == temperature
+                      and r["prompt_id"] in prompts]
+            by_method: dict[str, list[Row]] = {}
+            for r in chosen:
+                by_method.setdefault(r["method"], []).append(r)
+            mine = by_method.get(method, [])
             cells = [f"{category} ({len(prompts)})", f"{temperature:g}"]
             for o in over:
-                cells.append(_paired(runs, method, o, temperature, prompts, _speed))
-                if not o.startswith("llamacpp"):
-                    cells.append(_paired(runs, method, o, temperature, prompts, _decoding))
-            share = [_prefill_share([r for r in rows if r["method"] == m
-                                     and r["temperature"] == temperature
-                                     and r["prompt_id"] in prompts]) for m in (over[0], method)]
+                theirs = by_method.get(o, [])
+                cells += [_paired(mine, theirs, throughput),
+                          _paired(mine, theirs, decode_throughput)]
+            share = [_prefill_share(by_method.get(m, [])) for m in (over[0], method)]
             cells.append(" / ".join(share))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("results", type=Path, help="a bench run's results.jsonl")
     parser.add_argument("--method", default="block")
     parser.add_argument("--over", default="ar,llamacpp-ar",

@@ -5,7 +5,8 @@ only the draft's weight format differs. Per prompt and temperature the two draft
 after the other (the one going first alternating), ``block`` with γ chosen by measurement.
 Reported: the drafts' step costs (one pass of k tokens after a 200-token context, median of
 7), and per temperature the tokens per second of each draft, their paired ratio (geometric
-mean over prompts with a bootstrap 95% interval) and the tokens per target call.
+mean over prompts with a 95% Student-t interval over prompts, ``paired.py``) and the tokens
+per target call.
 
     python benchmarks/draft_formats.py [--num-prompts 10] [--max-new-tokens 128]
 """
@@ -17,7 +18,7 @@ import statistics
 import time
 
 import torch
-from paired import geomean_interval
+from paired import format_interval
 
 from verispec.api import generate
 from verispec.bench.suites import encode, load_suite
@@ -27,11 +28,6 @@ from verispec.models.timing import pass_costs
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 FORMATS = ("int8", "int4")
 KS = (1, 2, 4)
-
-
-def _interval(ratios: list[float]) -> str:
-    mean, lo, hi = geomean_interval(ratios)
-    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def main() -> None:
@@ -67,7 +63,8 @@ def main() -> None:
                 made[f] += len(r.tokens)
                 calls[f] += r.stats.target_calls
             flip += 1
-        ratio = _interval([b / a for a, b in zip(speed["int8"], speed["int4"])])
+        ratio = format_interval([(str(i), b / a) for i, (a, b)
+                                 in enumerate(zip(speed["int8"], speed["int4"], strict=True))])
         print(f"| {temperature:g} | {statistics.median(speed['int8']):.2f} | "
               f"{statistics.median(speed['int4']):.2f} | {ratio} | "
               f"{made['int8'] / calls['int8']:.2f} / {made['int4'] / calls['int4']:.2f} |",

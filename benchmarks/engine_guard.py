@@ -7,7 +7,10 @@ that loads its models once; the two workers take turns unit by unit (one prompt 
 method, or one batch), the side that goes first alternating, so a slow minute of a shared
 machine hits both sides of a pair. Reported per configuration: the median tokens per
 second of each side and the geometric mean of the paired ratios (current / baseline) with
-a bootstrap 95% interval.
+a 95% Student-t interval over the prompts (``paired.py``: each prompt's rounds are
+averaged in logs first, so rounds add no units). The batch is one unit whatever the number
+of rounds: it has no interval over prompts, and the range of its per-round ratios is shown
+instead.
 
     python benchmarks/engine_guard.py --baseline /path/to/older/checkout [--rounds 3]
 
@@ -27,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paired import geomean_interval
+from paired import format_interval, geomean_interval
 
 HERE = Path(__file__).resolve().parents[1]
 METHODS = ("ar", "token", "block")
@@ -125,27 +128,38 @@ def main() -> None:
     procs = {side: _start(side, src, args) for side, src in srcs.items()}
     units = [{"method": m, "prompt": i} for m in METHODS for i in range(len(PROMPTS))]
     units.append({"method": "batch"})
-    speeds: dict[str, dict[str, list[float]]] = {s: {} for s in procs}
+    speeds: dict[str, dict[str, list[tuple[str, float]]]] = {s: {} for s in procs}
     flip = 0
     for r in range(args.rounds):
         for unit in units:
             key = f"block B={BATCH}" if unit["method"] == "batch" else unit["method"]
             order = ("baseline", "current") if flip % 2 == 0 else ("current", "baseline")
             flip += 1
+            prompt = "batch" if unit["method"] == "batch" else str(unit["prompt"])
             for side in order:
-                speeds[side].setdefault(key, []).append(_time(procs[side], side, unit))
+                speed = _time(procs[side], side, unit)
+                speeds[side].setdefault(key, []).append((prompt, speed))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     for proc in procs.values():
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait()
+    _print_table(speeds)
+
+
+def _print_table(speeds: dict[str, dict[str, list[tuple[str, float]]]]) -> None:
     print("| configuration | baseline tok/s | current tok/s | current / baseline "
-          "(paired, 95% interval) |\n|---|---|---|---|")
+          "(paired, 95% interval over prompts) |\n|---|---|---|---|")
     for key, base in speeds["baseline"].items():
         cur = speeds["current"][key]
-        mean, lo, hi = geomean_interval([c / b for c, b in zip(cur, base)])
-        print(f"| {key} | {statistics.median(base):.2f} | {statistics.median(cur):.2f} | "
-              f"{mean:.3f} [{lo:.3f}, {hi:.3f}] |")
+        pairs = [(p, c / b) for (p, c), (_, b) in zip(cur, base, strict=True)]
+        cell = format_interval(pairs)
+        if len({p for p, _ in pairs}) == 1:
+            mean = geomean_interval(pairs)[0]
+            ratios = [r for _, r in pairs]
+            cell = f"{mean:.3f} (one batch; rounds {min(ratios):.3f} to {max(ratios):.3f})"
+        print(f"| {key} | {statistics.median(s for _, s in base):.2f} | "
+              f"{statistics.median(s for _, s in cur):.2f} | {cell} |")
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ def test_cli_prompts_file_json_lines_in_input_order(tmp_path: Any) -> None:
     lines = [json.loads(line) for line in out.splitlines()]
     assert len(lines) == 3 and "3 requests" in err
     for line, (prompt, seed) in zip(lines, [("ABC", 0), ("A", 3), ("BCC", 0)], strict=True):
-        code1, single, _ = _cli("generate", prompt, *TOY, "--json", "--verifier", "token",
+        code1, single, _ = _cli("generate", prompt, *TOY, "--json", "--method", "token",
                             "--seed", str(seed), "--max-new-tokens",
                             "4" if prompt == "BCC" else "6")
         assert code1 == 0

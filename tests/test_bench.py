@@ -247,10 +247,16 @@ def test_speedup_is_paired_per_prompt_with_a_t_interval():
     per_repeat = [math.exp(sum(math.log(speed[(p, r)]) for p in range(3)) / 3) for r in (0, 1)]
     assert block["per_repeat"]["speedup_vs_ar"] == pytest.approx(per_repeat)
     assert block["speedup_vs_ar_std"] == pytest.approx(stats.tstd(per_repeat))
-    # Throughput and block efficiency: pooled per repeat, then mean ± std over repeats.
-    tps = [60 / sum(ar_times[(p, r)] / speed[(p, r)] for p in range(3)) for r in (0, 1)]
-    assert block["tokens_per_s"] == pytest.approx(sum(tps) / 2)
-    assert block["tokens_per_s_std"] == pytest.approx(stats.tstd(tps))
+    # Throughput: geometric mean over prompts of the per-prompt geometric means over repeats
+    # (so that it divides by ar's to the speed-up), ± std of the per-repeat geometric means.
+    tps = {(p, r): 20 * speed[(p, r)] / ar_times[(p, r)] for (p, r) in speed}
+    per_prompt = [(math.log(tps[(p, 0)]) + math.log(tps[(p, 1)])) / 2 for p in range(3)]
+    assert block["tokens_per_s"] == pytest.approx(math.exp(sum(per_prompt) / 3))
+    per_rep = [math.exp(sum(math.log(tps[(p, r)]) for p in range(3)) / 3) for r in (0, 1)]
+    assert block["tokens_per_s_std"] == pytest.approx(stats.tstd(per_rep))
+    assert block["pooled_tokens_per_s"] == pytest.approx(
+        120 / sum(ar_times[k] / speed[k] for k in speed))
+    # Block efficiency: pooled per repeat, then mean ± std over repeats.
     assert block["block_efficiency"] == pytest.approx(60 / 12) and block["mean_accepted"] == 2.0
     assert block["identical_to_ar"] == 1.0 and block["num_prompts"] == 3
     ar = next(s for s in summarize(rows) if s["method"] == "ar")
@@ -428,7 +434,11 @@ def test_transformers_peers_match_ar_greedily_on_tiny_models(tmp_path: Path, tin
         assert assistant["draft_calls"] > 0 and assistant["target_calls"] < 12
     pooled = {r["method"]: r for r in summary["rows"]}
     assert pooled["hf-assisted"]["identical_to_ar"] == 1.0
-    assert "vs hf-assisted" in (s.out / "summary.md").read_text()
+    md = (s.out / "summary.md").read_text()
+    assert "### Against peers" in md and "| ar | hf-assisted γ=3 |" in md
+    assert {(c["method"], c["peer"]) for c in summary["comparisons"]
+            if c["method_role"] == c["peer_role"] == "config"} == {
+        ("ar", "hf-ar"), ("ar", "hf-assisted"), ("ar", "hf-assisted-default")}
 
 
 def test_peers_sample_within_budget_and_refuse_toy_models(tmp_path: Path, tiny: Any,

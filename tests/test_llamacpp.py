@@ -9,10 +9,16 @@ embedded GGUFs or the built example are marked ``integration`` and skipped when 
 
 from __future__ import annotations
 
+import ast
+import ctypes
 import importlib
+import itertools
+import json
+import math
 import os
 import stat
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,12 @@ SPEC = importlib.import_module("verispec.bench.llamacpp.speculative")
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 151645
+
+
+class LogitBias(ctypes.Structure):
+    """The layout of ``llama_cpp.llama_logit_bias``."""
+
+    _fields_ = [("token", ctypes.c_int32), ("bias", ctypes.c_float)]
 
 
 # --------------------------------------------------------------------------- install message
@@ -126,6 +138,11 @@ class FakeLlamaCpp:
     def llama_sampler_free(self, chain: Any) -> None:
         self.freed += 1
 
+    llama_logit_bias = LogitBias
+
+    def llama_sampler_init_logit_bias(self, n_vocab: int, n: int, biases: Any) -> tuple[Any, ...]:
+        return ("logit_bias", n_vocab, [(b.token, b.bias) for b in biases[:n]])
+
 
 class FakeLlm:
     ctx = "ctx"
@@ -139,6 +156,9 @@ class FakeLlm:
 
     def eval(self, tokens: list[int]) -> None:
         self.evals.append(list(tokens))
+
+    def n_vocab(self) -> int:
+        return 151936
 
 
 @pytest.fixture
@@ -191,6 +211,76 @@ def test_ar_other_eos_list(fake_ar: Any) -> None:
                          temperature=0.0, gamma=None, max_new_tokens=2, seed=0,
                          eos_token_ids=[EOS])
     assert res.tokens == [151643, 4]  # <|endoftext|> is not in this EOS list
+
+
+def test_ar_prefill_time_and_fixed_length(fake_ar: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib, llm, _ = fake_ar([5, EOS, 6, 7, 8])
+    monkeypatch.setattr(LIB, "eog_ids", lambda path: (EOS, 151643))
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 0.25)
+    res = L.run_llamacpp("llamacpp-ar", [1, 2], target_gguf="t.gguf", draft_gguf=None,
+                         temperature=0.0, gamma=None, max_new_tokens=4, seed=0, threads=3,
+                         eos_token_ids=[EOS], ignore_eos=True)
+    assert res.tokens == [5, EOS, 6, 7]  # the whole budget: EOS does not stop it
+    # the -inf biases of every end-of-generation id come first in the chain
+    assert lib.chains == [[("logit_bias", 151936, [(EOS, -math.inf), (151643, -math.inf)]),
+                           ("greedy", None)]]
+    assert res.masked_tokens == (EOS, 151643) and res.threads == 3
+    # perf_counter: start, after eval(prompt) + the first sample, end
+    assert (res.prefill_seconds, res.seconds, res.first_tokens) == (0.25, 0.5, 1)
+    assert llm.evals == [[1, 2], [5], [EOS], [6]]
+    assert any("-inf logit bias" in n for n in res.notes)
+    with pytest.raises(ValueError, match="no p_min"):
+        L.run_llamacpp("llamacpp-ar", [1], target_gguf="t.gguf", draft_gguf=None,
+                       temperature=0.0, gamma=None, max_new_tokens=2, seed=0, p_min=0.5)
+
+
+def test_ar_without_ignore_eos_has_no_bias(fake_ar: Any) -> None:
+    lib, _, _ = fake_ar([5, EOS])
+    res = L.run_llamacpp("llamacpp-ar", [1], target_gguf="t.gguf", draft_gguf=None,
+                         temperature=0.5, gamma=None, max_new_tokens=4, seed=2,
+                         eos_token_ids=[EOS])
+    assert res.tokens == [5, EOS] and res.masked_tokens == ()
+    assert lib.chains == [[("temp", 0.5), ("dist", 2)]]
+    assert res.prefill_seconds is not None and 0 <= res.prefill_seconds <= res.seconds
+
+
+def test_provenance_and_cmake_records(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "ggml-config.cmake"
+    cfg.write_text('set(GGML_NATIVE "ON")\nset(GGML_AVX2 "OFF")\nset(GGML_BUILD_COMMIT "abc")\n'
+                   "set(LLAMA_BUILD_COMMIT 0c1e570)\n")
+    assert LIB._cmake_values(cfg, ("GGML_NATIVE", "LLAMA_BUILD_COMMIT", "GGML_BLAS")) == {
+        "GGML_NATIVE": "ON", "LLAMA_BUILD_COMMIT": "0c1e570"}
+    fake = type("M", (), {"llama_print_system_info": staticmethod(lambda: b"CPU : AVX2 = 1 | ")})
+    monkeypatch.setattr(LIB, "_llama_cpp", lambda: fake)
+    monkeypatch.setattr(LIB, "_installed_build_record", lambda: {"GGML_NATIVE": "ON"})
+    info = L.provenance()
+    assert info["system_info"] == "CPU : AVX2 = 1"
+    assert info["cmake_flags"] == "unknown (pip build; flags not recorded by llama-cpp-python)"
+    assert info["installed_build"] == {"GGML_NATIVE": "ON"}
+    assert info["llama_cpp_python"] == LIB._installed_version()
+
+
+def test_provenance_of_the_installed_library() -> None:
+    if L.llamacpp_available() is not None:
+        pytest.skip("llama-cpp-python not installed (extra 'peers')")
+    info = L.provenance()
+    assert info["llama_cpp_python"] == LIB._installed_version()
+    assert "CPU" in info["system_info"] and info["cmake_flags"] == LIB.CMAKE_FLAGS_UNKNOWN
+    if info["installed_build"]:  # scikit-build-core installs the CMake package files
+        assert set(info["installed_build"]) <= {*LIB.GGML_OPTIONS, "LLAMA_BUILD_COMMIT"}
+
+
+def test_bench_help_shows_the_documented_install() -> None:
+    options = importlib.import_module("verispec.bench.options")
+    assert L.INSTALL_COMMAND in options.BENCH_EPILOG
+    assert L.INSTALL_COMMAND in (REPO / "README.md").read_text()
+    assert LIB.PIP_CMAKE_FLAGS == options.PIP_CMAKE_FLAGS
+    tree = ast.parse((REPO / "src/verispec/bench/options.py").read_text())
+    imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
+                for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+                for a in n.names}
+    assert imported <= {"__future__", "argparse"}  # the CLI parser stays import-light
 
 
 class CountingLlama:
@@ -334,6 +424,7 @@ def _stderr(n_input: int, n_predict: int, n_drafted: int, n_accept: int, enc: fl
         f"{n_rounds:5d}, #gen tokens = {n_drafted:6d}, #acc tokens = {n_accept:5d}, #mean acc "
         "len = 5.57, #acc rate/pos = (1.000, 0.714), dur(b,g,a) = 0.000, 50434.019, 0.007 ms",
         "1.51.886.476 I target:",
+        "1.51.886.476 D cmn          init: llama threadpool init, n_threads = 2",
         "1.51.886.477 I common_perf_print:    sampling time =     216.54 ms",
         "1.51.886.478 I common_perf_print:    samplers time =     207.50 ms /    39 tokens",
         "1.51.886.479 I common_perf_print:        load time =    9170.15 ms",
@@ -477,6 +568,57 @@ def test_spec_budget_overrun_and_eos_cut(fake_spec: Any, tmp_path: Path) -> None
     assert res.tokens == [*b"ab", 1000]
 
 
+def test_spec_timing_fixed_length_and_draft_options(fake_spec: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LIB, "eog_ids", lambda path: tuple(sorted(EOG)))
+    rounds: list[Round] = [([*b"ab"], 2, ord("c")), ([*b"de"], 1, ord("x"))]
+    err = _stderr(3, 5, 4, 3, enc=0.5, dec=2.0, gamma=2, rounds=rounds)
+    binary, log = fake_spec(b"abcdx", err)
+    common: dict[str, Any] = {"target_gguf": tmp_path / "t.gguf",
+                              "draft_gguf": tmp_path / "d.gguf", "temperature": 0.0, "gamma": 2,
+                              "max_new_tokens": 5, "seed": 1, "threads": 2,
+                              "eos_token_ids": (ord("c"),), "binary": binary}
+    cut = L.run_llamacpp("llamacpp-spec", list(b"x ="), **common)
+    assert cut.tokens == list(b"abc") and cut.masked_tokens == ()  # stops at the EOS id
+    argv = log.read_text().splitlines()
+    assert "--ignore-eos" not in argv and argv[argv.index("--spec-draft-p-min") + 1] == "0"
+    res = L.run_llamacpp("llamacpp-spec", list(b"x ="), ignore_eos=True, p_min=0.5, **common)
+    assert res.tokens == list(b"abcdx")  # the whole budget, not cut at the EOS id
+    argv = log.read_text().splitlines()
+    assert "--ignore-eos" in argv and argv[argv.index("--spec-draft-p-min") + 1] == "0.5"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "2"
+    assert res.masked_tokens == tuple(sorted(EOG))  # llama.cpp's --ignore-eos biases
+    # llama.cpp's own split: "encoded" (prompt[:-1] of both models) is the prefill
+    assert (res.prefill_seconds, res.seconds, res.first_tokens) == (0.5, 2.5, 0)
+    assert res.threads == 2 and res.info["speculative_threads_logged"] == [2]
+    assert res.info["speculative_system_info"] == SPEC.NO_SYSTEM_INFO
+    assert res.info["speculative_build"] is None  # a binary with no build.json
+    assert any("p_min=0.5" in n for n in res.notes)
+    with_info = fake_spec(b"abcdx", err.replace(
+        "I target:", "I target:\nI cmn  system_info: n_threads = 2 / 2 | CPU : AVX2 = 1 | "))[0]
+    res = L.run_llamacpp("llamacpp-spec", list(b"x ="), **{**common, "binary": with_info})
+    assert res.info["speculative_system_info"] == "n_threads = 2 / 2 | CPU : AVX2 = 1"
+    with pytest.raises(ValueError, match="p_min"):
+        L.speculative_argv("s", target_gguf="t", draft_gguf="d", prompt_file="p", gamma=2,
+                           temperature=0, seed=0, max_new_tokens=4, threads=1, n_ctx=4096,
+                           p_min=1.5)
+
+
+def test_build_record(tmp_path: Path) -> None:
+    binary = tmp_path / "root" / "build" / "bin" / L.SPEC_TARGET
+    binary.parent.mkdir(parents=True)
+    binary.write_text("")
+    assert L.build_record(binary) is None and L.build_record("/x") is None
+    (tmp_path / "root" / "build.json").write_text(json.dumps(
+        {"llama_cpp_python": "0.3.36", "cmake_flags": ["-DGGML_NATIVE=ON"]}))
+    assert L.build_record(binary) == {"llama_cpp_python": "0.3.36",
+                                      "cmake_flags": ["-DGGML_NATIVE=ON"]}
+    (tmp_path / "root" / "build" / "CMakeCache.txt").write_text(
+        "// comment\nCMAKE_BUILD_TYPE:STRING=Release\nGGML_NATIVE:BOOL=ON\nOTHER:BOOL=OFF\n")
+    assert L.build_record(binary)["cmake_cache"] == {"CMAKE_BUILD_TYPE": "Release",
+                                                     "GGML_NATIVE": "ON"}
+
+
 def test_spec_failure_is_reported(fake_spec: Any, tmp_path: Path) -> None:
     binary, _ = fake_spec(b"", "error: failed to load model 'x'\n", rc=1)
     with pytest.raises(RuntimeError, match="(?s)exit code 1.*failed to load model"):
@@ -563,6 +705,31 @@ def test_real_ar_and_spec_agree_greedily() -> None:
     assert len(spec.tokens) <= 24
     assert spec.target_calls < len(spec.tokens)  # it did speculate
     assert spec.seconds > 0
+
+
+@pytest.mark.integration
+def test_real_fixed_length_masks_end_of_generation() -> None:
+    target, draft = _real_setup()
+    eog = L.eog_ids(target)
+    assert {EOS, 151643} <= set(eog)  # <|im_end|>, <|endoftext|> and llama.cpp's others
+    vocab = LIB._vocab(target)
+    # the chat template's end: <|im_end|> is by far the likeliest next token
+    prompt = [int(t) for t in vocab.tokenize(
+        b"<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\nHi!",
+        add_bos=True, special=True)]
+    ar = L.run_llamacpp("llamacpp-ar", prompt, target_gguf=target, draft_gguf=None,
+                        temperature=0.0, gamma=None, max_new_tokens=6, seed=0, threads=1,
+                        ignore_eos=True)
+    assert len(ar.tokens) == 6 and not set(ar.tokens) & set(eog)
+    assert ar.prefill_seconds is not None and 0 < ar.prefill_seconds < ar.seconds
+    if L.speculative_binary() is None:
+        pytest.skip("llama-speculative-simple not built")
+    spec = L.run_llamacpp("llamacpp-spec", prompt, target_gguf=target, draft_gguf=draft,
+                          temperature=0.0, gamma=2, max_new_tokens=6, seed=0, threads=1,
+                          ignore_eos=True)
+    assert len(spec.tokens) == 6 and not set(spec.tokens) & set(eog)
+    assert spec.masked_tokens == ar.masked_tokens == eog
+    assert spec.prefill_seconds is not None and 0 < spec.prefill_seconds < spec.seconds
 
 
 @pytest.mark.integration

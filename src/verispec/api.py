@@ -261,6 +261,7 @@ def generate(
     draft_precision: str | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    ignore_eos: bool = False,
     **method_options: Any,
 ) -> GenerationResult:
     """Generate text with speculative decoding (``method="ar"`` for the baseline).
@@ -275,6 +276,10 @@ def generate(
         precision: numeric format of both models (``auto``, ``float32``, ``bfloat16``,
             ``int8``); ``draft_precision`` overrides it for the draft.
         on_tokens: called with each accepted block of new tokens.
+        ignore_eos: decode exactly ``max_new_tokens`` (unless the context window ends first):
+            an EOS token is emitted like any other and decoding goes on, every token drawn
+            from the method's law at its context (for a lossless method, the target's law
+            with no EOS ids). For fixed-length benchmarks.
     """
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
     plan = _plan(target, draft, method, method_options, gamma=gamma, sampling=sampling,
@@ -286,12 +291,13 @@ def generate(
     with EnergyMeter(tgt.device) as meter:
         if plan.info.runner is not None:
             out: GenerationOutput = plan.info.runner(
-                tgt, plan.pair.draft, ids, method=plan.method, sampling=plan.sampling,
+                _without_eos(tgt) if ignore_eos else tgt, plan.pair.draft, ids,
+                method=plan.method, sampling=plan.sampling,
                 gamma=plan.gamma, max_new_tokens=max_new_tokens, random=random,
                 on_tokens=on_tokens)
         else:
             request = Request(ids, plan.method, plan.sampling, max_new_tokens, random,
-                              _policy(plan), plan.drafter, on_tokens)
+                              _policy(plan), plan.drafter, on_tokens, ignore_eos=ignore_eos)
             engine = Engine(tgt.spawn())  # a fresh cache over the same weights
             out = engine.run([request])[0]
             out.stats.target_passes = engine.passes
@@ -319,6 +325,7 @@ def generate_batch(
     draft_precision: str | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    ignore_eos: bool = False,
     **method_options: Any,
 ) -> BatchGenerationResult:
     """Batched :func:`generate`: many prompts, ``batch_size`` rows decoded together.
@@ -333,6 +340,7 @@ def generate_batch(
         max_new_tokens: one budget, or one per prompt.
         batch_size: rows decoded at once (default: all prompts).
         on_tokens: ``on_tokens(prompt_index, new_tokens)`` after each accepted block.
+        ignore_eos: every prompt decodes its whole budget (see :func:`generate`).
     Returns:
         :class:`BatchGenerationResult`; ``stats.tokens_per_second`` is the whole batch's.
     """
@@ -360,7 +368,7 @@ def generate_batch(
         callback = None if on_tokens is None else _indexed(on_tokens, i)
         requests.append(Request(encode_prompt(tgt, p), plan.method, plan.sampling, n,
                                 Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
-                                _policy(plan), plan.drafter, callback))
+                                _policy(plan), plan.drafter, callback, ignore_eos=ignore_eos))
     start = time.perf_counter()
     with EnergyMeter(tgt.device) as meter:
         rows = [engine.submit(r) for r in requests]
@@ -377,6 +385,14 @@ def generate_batch(
         results.append(GenerationResult(tokens=list(row.emitted), text=decode(tgt, row.emitted),
                                         stats=row.stats))
     return BatchGenerationResult(results=results, stats=stats)
+
+
+def _without_eos(model: CausalLM) -> CausalLM:
+    """A twin of ``model`` (same weights, a cache of its own) that has no EOS ids: the
+    target that methods running by their own schedule decode with under ``ignore_eos``."""
+    twin = model.spawn()
+    twin.eos_token_ids = frozenset()
+    return twin
 
 
 def _indexed(callback: Callable[[int, list[int]], None], index: int) -> Callable[[list[int]], None]:

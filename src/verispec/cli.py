@@ -19,7 +19,7 @@ __all__ = ["build_parser", "main"]
 
 def _methods_help() -> str:
     width = max(len(name) for name in METHODS)
-    lines = ["methods (--method NAME or NAME[option=value,...]; --verifier is an alias):"]
+    lines = ["methods (--method NAME or NAME[option=value,...]):"]
     for info in METHODS.values():
         tag = "lossless" if info.lossless else "NOT lossless"
         lines.append(f"  {info.name:<{width}}  [{tag}] {info.summary}")
@@ -31,7 +31,7 @@ def _methods_help() -> str:
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", "--verifier", dest="method", default="block", metavar="METHOD",
+    p.add_argument("--method", dest="method", default="block", metavar="METHOD",
                    help="method, with options in brackets: block, 'lossy[epsilon=0.05]', "
                         "'multidraft[num_drafts=4]', 'pearl[verifier=token]' (default block; "
                         "all methods and their options are listed below)")

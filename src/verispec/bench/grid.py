@@ -2,9 +2,11 @@
 
 A method spec is a registry name (:data:`verispec.methods.METHODS`, so methods registered
 later — e.g. ``pearl`` — work unchanged), a peer (``hf-ar``, ``hf-assisted``,
-``hf-assisted-default``), optionally with options in brackets:
-``lossy[epsilon=0.05,residual=target]``, ``multidraft[num_drafts=4]``. The label (the whole
-spec) names the method in every report.
+``hf-assisted-default``, ``llamacpp-ar``, ``llamacpp-spec``), optionally with options in
+brackets: ``lossy[epsilon=0.05,residual=target]``, ``multidraft[num_drafts=4]``. A peer takes
+only the options of :data:`PEER_OPTIONS` (``llamacpp-spec[p_min=0.5]``: llama.cpp's
+``--spec-draft-p-min``). The label (the whole spec) names the method in every report, so
+``llamacpp-spec[p_min=0],llamacpp-spec[p_min=0.5]`` are two methods of the grid.
 
 Methods that do not draft (``ar``, ``hf-ar``, ``hf-assisted-default``, whose drafting is
 transformers' own heuristic) run once per temperature with γ recorded as 0 (``ar``, ``hf-ar``)
@@ -16,6 +18,7 @@ peers, whose γ is a fixed number, skip it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ from verispec.methods.registry import split_list
 
 __all__ = [
     "PEERS",
+    "PEER_OPTIONS",
     "Config",
     "MethodSpec",
     "expand_grid",
@@ -42,6 +46,21 @@ PEERS: dict[str, tuple[bool, bool]] = {
     "hf-assisted-default": (True, False),
     "llamacpp-ar": (False, False),
     "llamacpp-spec": (True, True),
+}
+
+
+def _probability(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+#: The options each peer takes: name -> (check returning the parsed value, what it means).
+PEER_OPTIONS: dict[str, dict[str, tuple[Callable[[str, Any], Any], str]]] = {
+    "llamacpp-spec": {
+        "p_min": (_probability, ("llama.cpp's --spec-draft-p-min: the draft stops proposing "
+                                 "where its top token's probability is below p_min (default 0)")),
+    },
 }
 
 
@@ -115,8 +134,13 @@ def parse_method(spec: str) -> MethodSpec:
     if name not in METHODS and name not in PEERS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEERS])}")
     if name in PEERS:
-        if options:
-            raise ValueError(f"the peer {name} takes no options")
+        allowed = PEER_OPTIONS.get(name, {})
+        for key, value in options.items():
+            if key not in allowed:
+                takes = ", ".join(f"{k} ({what})" for k, (_, what) in allowed.items())
+                raise ValueError(f"the peer {name} takes no option {key!r}; "
+                                 + (f"its options: {takes}" if takes else "it takes none"))
+            options[key] = allowed[key][0](key, value)
     else:
         build_method(name, **options)  # raises a clear error for an option it does not take
     return MethodSpec(label=spec.replace(" ", ""), name=name,

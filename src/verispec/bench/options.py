@@ -5,7 +5,26 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["BENCH_EPILOG", "add_bench_arguments"]
+__all__ = ["BENCH_EPILOG", "INSTALL_COMMAND", "PIP_CMAKE_FLAGS", "add_bench_arguments"]
+
+PIP_CMAKE_FLAGS = (
+    "-DGGML_NATIVE=ON",
+    "-DLLAVA_BUILD=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+"""CMake flags of llama-cpp-python's documented install (native CPU library only: no examples,
+tests, tools, server or multimodal library); :mod:`verispec.bench.llamacpp.library` builds its
+install commands from them."""
+
+INSTALL_COMMAND = (f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
+                   "pip install --no-cache-dir -e '.[peers]'")
+"""The install command of the llama.cpp peers from a verispec checkout (the ``peers`` extra
+pins llama-cpp-python)."""
 
 BENCH_EPILOG = """\
 Every method in the registry (verispec generate --help) can be benchmarked, with options in
@@ -14,16 +33,16 @@ brackets: lossy[epsilon=0.05], multidraft[num_drafts=4], mjsd[num_beams=4]; γ m
 hf-assisted (assisted generation with exactly γ draft tokens), hf-assisted-default
 (transformers' own drafting heuristic), llamacpp-ar (llama.cpp's plain decoding of the
 original Q4_K_M target GGUF) and llamacpp-spec (llama.cpp's own speculative decoding of the
-GGUF pair); the llama.cpp peers need the extra `peers`:
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" \
-    pip install --no-cache-dir 'verispec[peers]'
+GGUF pair, llamacpp-spec[p_min=P] for its --spec-draft-p-min); the llama.cpp peers need
+the extra `peers`, installed from a verispec checkout with
+  {install}
 At T > 0 every method's and peer's output is checked against the target's law (summary.md
 flags those that depart from it).
 
 Output in --out: results.jsonl (one line per prompt x config x repeat, appended as it runs:
 rerun the same command to resume), summary.md, summary.json (list "rows"), PNG plots.
 Compare two runs: verispec bench --compare A/summary.json B/summary.json
-"""
+""".replace("{install}", INSTALL_COMMAND)
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +76,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="drop the transformers peers (hf-*) from --methods")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed warm-up generation of each config")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="fixed length: every side decodes exactly --max-new-tokens (verispec "
+                        "and hf-* draw past EOS from the target's law; the llama.cpp peers "
+                        "never sample end-of-generation tokens: llama.cpp's --ignore-eos)")
+    p.add_argument("--order", choices=["random", "fixed"], default="random",
+                   help="order of the configs on each prompt: shuffled per repeat and prompt "
+                        "(seeded, reproducible) or the grid's (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads of torch and of the llama.cpp peers (default: the CPUs "
+                        "this process may run on)")
     p.add_argument("--output", default=None, help="also write summary.json to this file")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                    help="print the per-metric ratio B / A of two summary.json files and exit")

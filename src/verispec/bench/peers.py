@@ -13,6 +13,17 @@ sampling (``top_k=0``, ``top_p=1``, no repetition penalty), overriding whatever 
 torch's *global* generator, which is seeded with the request's seed before each call (the
 only way to seed it; verispec's own methods use a per-request generator).
 
+With ``ignore_eos`` the EOS ids are taken from ``generate`` (``eos_token_id=None``, which
+overrides the model's ``generation_config``): an EOS is sampled like any other token and
+decoding goes on to the budget, so the law is the target's, as with verispec's
+``ignore_eos``.
+
+Timing: ``seconds`` brackets the ``generate`` call; ``prefill_seconds`` is the time from its
+start until transformers hands the first new token(s) to the streamer passed to
+``generate`` (it calls ``streamer.put`` with the prompt, then with each step's new tokens:
+one token for ``hf-ar``, the first accepted block for the assisted peers), i.e. the prompt's
+prefill and the first step; ``first_tokens`` is how many tokens that first step gave.
+
 Forward calls are counted with forward pre-hooks on the two modules. ``target_calls`` counts
 every target pass, the first one (prompt + first token, or prompt + first draft) included;
 ``target_tokens_scored`` counts the positions they processed minus the prompt's first
@@ -28,15 +39,26 @@ from typing import Any
 
 import torch
 
-from verispec.telemetry.energy import EnergyMeter
-from verispec.telemetry.clock import now
 from verispec.models.base import CausalLM
+from verispec.telemetry.clock import now
+from verispec.telemetry.energy import EnergyMeter
 
 __all__ = ["PeerResult", "run_peer"]
 
 
 @dataclass
 class PeerResult:
+    """One peer run on one prompt.
+
+    ``prefill_seconds``: the part of ``seconds`` before the decoding phase (each peer says
+    what it covers; None where unknown). ``first_tokens``: generated tokens already made
+    when that phase ended (1 where it ends with the first sampled token, 0 where it ends
+    after reading the prompt). ``masked_tokens``: ids the peer can never sample (their
+    logits set to −inf, e.g. llama.cpp's end-of-generation tokens under ``ignore_eos``); its
+    law is the target's with those removed. ``threads``: CPU threads it ran with.
+    ``info``: what it was built and run with (versions, build flags, system info).
+    """
+
     tokens: list[int]
     seconds: float
     target_calls: int = 0
@@ -45,6 +67,11 @@ class PeerResult:
     energy_joules: float | None = None
     energy_source: str = "unavailable"
     notes: list[str] = field(default_factory=list)
+    prefill_seconds: float | None = None
+    first_tokens: int = 0
+    masked_tokens: tuple[int, ...] = ()
+    threads: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class _Counter:
@@ -98,9 +125,30 @@ def _module(model: CausalLM, role: str) -> Any:
     return module
 
 
+class _FirstTokens:
+    """A ``generate`` streamer that notes when the first new tokens arrive (and how many)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.puts = 0
+        self.time: float | None = None
+        self.count = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:  # the first put is the prompt
+            self.time = now(self.device)
+            self.count = int(value.numel())
+
+    def end(self) -> None:
+        pass
+
+
 def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequence[int], *,
-             temperature: float, gamma: int | None, max_new_tokens: int, seed: int) -> PeerResult:
-    """Run ``hf-ar``, ``hf-assisted`` or ``hf-assisted-default`` on one prompt."""
+             temperature: float, gamma: int | None, max_new_tokens: int, seed: int,
+             ignore_eos: bool = False) -> PeerResult:
+    """Run ``hf-ar``, ``hf-assisted`` or ``hf-assisted-default`` on one prompt
+    (``ignore_eos``: decode the whole budget, EOS tokens included)."""
     if name not in ("hf-ar", "hf-assisted", "hf-assisted-default"):
         raise ValueError(f"unknown peer {name!r}")
     module = _module(target, "target")
@@ -113,7 +161,7 @@ def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequen
         "max_new_tokens": max_new_tokens,
         "do_sample": temperature > 0,
         "repetition_penalty": 1.0,
-        "eos_token_id": eos or None,
+        "eos_token_id": None if ignore_eos else (eos or None),
         "pad_token_id": pad if pad is not None else (eos[0] if eos else 0),
     }
     if temperature > 0:  # pure temperature sampling, like Sampling(temperature=T)
@@ -144,12 +192,13 @@ def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequen
             (_counted(draft_module) if draft_module is not None else _noop_counter()) as d_count, \
             EnergyMeter(device) as meter:
         torch.manual_seed(seed)
+        first = _FirstTokens(device)
         start = now(device)
         with torch.inference_mode():
-            out = module.generate(input_ids, **kwargs)  # [1, n + new]
+            out = module.generate(input_ids, streamer=first, **kwargs)  # [1, n + new]
         seconds = now(device) - start
     new = [int(t) for t in out[0, input_ids.shape[1]:].tolist()]
-    if eos:  # generate pads finished sequences; a single row stops at EOS, keep it exact
+    if eos and not ignore_eos:  # generate pads finished sequences; a row stops at EOS
         for i, tok in enumerate(new):
             if tok in target.eos_token_ids:
                 new = new[: i + 1]
@@ -157,7 +206,9 @@ def run_peer(name: str, target: CausalLM, draft: CausalLM | None, prompt: Sequen
     return PeerResult(
         tokens=new, seconds=seconds, target_calls=t_count.calls,
         target_positions=max(0, t_count.positions - (len(prompt) - 1)),
-        draft_calls=d_count.calls, energy_joules=meter.joules, energy_source=meter.source)
+        draft_calls=d_count.calls, energy_joules=meter.joules, energy_source=meter.source,
+        prefill_seconds=None if first.time is None else first.time - start,
+        first_tokens=min(first.count, len(new)), threads=torch.get_num_threads())
 
 
 @contextmanager

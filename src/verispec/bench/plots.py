@@ -1,7 +1,8 @@
 """PNG plots of a benchmark run (matplotlib, Agg backend; skipped with a note if missing).
 
-* ``speedup_vs_gamma.png`` — paired speed-up over ``ar`` (with its 95% CI) against γ, one
-  panel per temperature; methods without γ are horizontal lines;
+* ``speedup_vs_gamma.png`` — paired speed-up over ``ar`` (the geometric mean over prompts
+  of the per-prompt tokens/s ratios, with its 95% interval over prompts; :mod:`.metrics`)
+  against γ, one panel per temperature; methods without γ are horizontal lines;
 * ``block_efficiency_vs_gamma.png`` — block efficiency against γ;
 * ``tau_ccdf.png`` — complementary CDF P(τ ≥ x) of the accepted draft length, at the largest
   γ (block-verification.txt, Figure 3);
@@ -9,7 +10,9 @@
 * ``pearl_timeline.png`` — the busy/idle timeline of the first result row that has one
   (PEARL), drawn by :func:`verispec.telemetry.timeline.draw_timeline`.
 
-All plots use the pooled (``all`` category) rows at batch size 1.
+All plots use the pooled (``all`` category) rows at batch size 1. They are drawn from the
+summary and the result rows alone, so ``python -m verispec.bench.report`` redraws them
+from a results file.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def _vs_gamma(plt: Any, rows: list[Row], temperatures: list[float], metric: str,
     for ax, t in zip(axes, temperatures, strict=True):
         trows = [r for r in rows if r["temperature"] == t]
         methods = list(dict.fromkeys(r["method"] for r in trows))
-        ticks = sorted({r["gamma"] for r in trows if isinstance(r["gamma"], int) and r["gamma"] > 0})
+        ticks = sorted({r["gamma"] for r in trows
+                        if isinstance(r["gamma"], int) and r["gamma"] > 0})
         spread = 0.08 * (min(b - a for a, b in itertools.pairwise(ticks)) if len(ticks) > 1 else 1)
         for k, m in enumerate(methods):
             colour = f"C{k % 10}"
@@ -154,7 +158,7 @@ def write_plots(out: Path, summary: dict[str, Any], results: list[Row],
         return []
     temperatures = list(dict.fromkeys(r["temperature"] for r in rows))
     written = []
-    _vs_gamma(plt, rows, temperatures, "speedup_vs_ar", "speed-up over ar (tokens/s)",
+    _vs_gamma(plt, rows, temperatures, "speedup_vs_ar", "speed-up over ar (tokens/s, paired)",
               out / PLOT_FILES[0])
     _vs_gamma(plt, rows, temperatures, "block_efficiency", "block efficiency (tokens/call)",
               out / PLOT_FILES[1])

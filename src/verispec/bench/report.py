@@ -1,34 +1,48 @@
-"""Reports: ``summary.json``, ``summary.md`` (tables shaped like the papers') and ``--compare``.
+"""Reports: ``summary.json``, ``summary.md`` (tables shaped like the papers') and ``--compare``;
+run as a module, it rebuilds them from a ``results.jsonl`` alone (no model is loaded)::
+
+    python -m verispec.bench.report RESULTS.jsonl --out DIR [--meta run.json] [--no-plots]
 
 ``summary.md`` holds, per temperature:
 
-1. every method (all categories pooled): block efficiency, mean τ, tokens/s, paired speed-up
-   over ``ar`` with its 95% CI, forward calls and scored tokens per token, perplexity,
-   distribution bias, peak memory, energy;
+1. every method (all categories pooled): block efficiency, mean τ, tokens/s, decode
+   tokens/s, time per output token, prefill time, paired speed-ups over ``ar``
+   (end to end and decoding alone) with their 95% intervals, forward calls and scored
+   tokens per token, perplexity, distribution bias, peak memory, energy;
 2. TOKENV vs BLOCKV per category with Improve % (block-verification.txt, Tables 1, 6–10);
 3. speed-up over ``ar`` by category for every method (the shape of PEARL's Tables 1–2);
-4. the peer comparison: each method's tokens/s relative to ``hf-ar`` and ``hf-assisted``;
+4. the peers: their configurations and every lossless verispec config against each, paired
+   per prompt (:mod:`.comparisons`);
 5. speed, speed-up, energy per token and perplexity under the target per method and
    category, with the bias of lossy methods (the shape of MJSD's Table 2);
-6. greedy identity with ``ar`` at T = 0, and acceptance by position.
+6. greedy identity with ``ar`` at T = 0, acceptance by position and the one-sample law
+   check (:mod:`.lawcheck`).
+
+The estimators are defined in :mod:`.metrics`; ``summary.md`` restates them in its notes.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from verispec.bench.metrics import ALL
+from verispec.bench.comparisons import peer_comparisons, peer_configs, render_comparisons
+from verispec.bench.lawcheck import KS_LIMIT, Z_LIMIT
+from verispec.bench.metrics import ALL, ESTIMATOR_NOTES, PEER_PREFIXES, summarize
 
-__all__ = ["COMPARED_METRICS", "compare", "render_markdown", "write_reports"]
+__all__ = ["COMPARED_METRICS", "build_summary", "compare", "main", "read_results_file",
+           "regenerate", "render_markdown", "write_reports"]
 
 Row = dict[str, Any]
 
 COMPARED_METRICS = ("block_efficiency", "mean_accepted", "tokens_per_s", "speedup_vs_ar",
+                    "decode_tokens_per_s", "speedup_vs_ar_decode", "tpot_ms", "prefill_ms",
                     "perplexity", "target_calls_per_token", "draft_calls_per_token",
                     "peak_memory_mb", "energy_j_per_token")
 
@@ -56,8 +70,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines + [""]
 
 
-def _speedup(row: Row) -> str:
-    s, ci = row.get("speedup_vs_ar"), row.get("speedup_vs_ar_ci95")
+def _speedup(row: Row, key: str = "speedup_vs_ar") -> str:
+    s, ci = row.get(key), row.get(key + "_ci95")
     if s is None:
         return "–"
     return f"{s:.2f}× [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{s:.2f}×"
@@ -70,19 +84,21 @@ def _name(row: Row) -> str:
 
 
 def _law_table(rows: list[Row]) -> list[str]:
-    """T > 0: does each method's output follow the target's law? (:mod:`.lawcheck`)"""
+    """T > 0: the one-sample calibration check of :func:`.lawcheck.law_check`."""
     body = [[_name(r), _gamma(r), str(r["law_tokens"]), _f(r["law_z"]),
              f"{r['law_ks_pvalue']:.3g}", _f(r["law_excess_nll"], 4)]
             for r in rows if r.get("law_tokens")]
     if not body:
         return []
-    return ["Output law against the target's (Z ~ N(0, 1) and KS p uniform for an exact sampler;"
-            " flagged when |Z| > 3.3 or KS p < 1e-3):", ""] + _table(
+    return [("One-sample calibration check of emitted tokens under the target's law (Z of "
+            "NLL − entropy, KS of randomized PIT); Z ~ N(0, 1) and KS p uniform for an exact "
+            f"sampler, flagged when |Z| > {Z_LIMIT:g} or KS p < {KS_LIMIT:g}:"), ""] + _table(
         ["method", "γ", "tokens", "Z", "KS p", "excess NLL/token"], body)
 
 
 def _main_table(rows: list[Row]) -> list[str]:
-    header = ["method", "γ", "block eff.", "mean τ", "tok/s", "speed-up vs ar [95% CI]",
+    header = ["method", "γ", "block eff.", "mean τ", "tok/s", "decode tok/s", "TPOT ms",
+              "prefill ms", "speed-up vs ar [95% CI]", "decode speed-up vs ar [95% CI]",
               "target calls/tok", "draft calls/tok", "scored/tok", "perplexity",
               "bias TV/tok", "peak MB", "J/tok"]
     body = []
@@ -91,7 +107,9 @@ def _main_table(rows: list[Row]) -> list[str]:
             _name(r), _gamma(r),
             _pm(r["block_efficiency"], r["block_efficiency_std"]),
             _pm(r["mean_accepted"], r["mean_accepted_std"]),
-            _pm(r["tokens_per_s"], r["tokens_per_s_std"]), _speedup(r),
+            _pm(r["tokens_per_s"], r["tokens_per_s_std"]), _f(r.get("decode_tokens_per_s")),
+            _f(r.get("tpot_ms"), 1), _f(r.get("prefill_ms"), 1), _speedup(r),
+            _speedup(r, "speedup_vs_ar_decode"),
             _f(r["target_calls_per_token"], 3), _f(r["draft_calls_per_token"], 3),
             _f(r["target_tokens_scored_per_token"], 2), _pm(r["perplexity"], r["perplexity_std"]),
             "–" if r["lossless"] else _f(r["bias_tv_per_token"], 4),
@@ -153,30 +171,6 @@ def _by_category(rows: list[Row]) -> list[str]:
             line.append(_f(r["speedup_vs_ar"]) + "×" if r and r["speedup_vs_ar"] else "–")
         body.append(line)
     return _table(header, body)
-
-
-def _rel(tps: float | None, other: Row | None) -> str:
-    if other is None or not tps or not other["tokens_per_s"]:
-        return "–"
-    return f"{tps / other['tokens_per_s']:.2f}×"
-
-
-def _peers(rows: list[Row]) -> list[str]:
-    pooled = [r for r in rows if r["category"] == ALL]
-    hf_ar = next((r for r in pooled if r["method"] == "hf-ar"), None)
-    assisted = {r["gamma"]: r for r in pooled if r["method"] == "hf-assisted"}
-    default = next((r for r in pooled if r["method"] == "hf-assisted-default"), None)
-    if hf_ar is None and not assisted and default is None:
-        return []
-    body = []
-    best = max(assisted.values(), key=lambda x: x["tokens_per_s"] or 0, default=None)
-    for r in pooled:
-        tps = r["tokens_per_s"]
-        same = assisted.get(r["gamma"])
-        body.append([r["method"], _gamma(r), _f(tps), _rel(tps, hf_ar), _rel(tps, same),
-                     _rel(tps, best), _rel(tps, default)])
-    return _table(["method", "γ", "tok/s", "vs hf-ar", "vs hf-assisted (same γ)",
-                   "vs best hf-assisted", "vs hf-assisted-default"], body)
 
 
 def _quality(rows: list[Row]) -> list[str]:
@@ -241,25 +235,39 @@ def _batch_table(rows: list[Row]) -> list[str]:
                    "block eff."], body)
 
 
-def render_markdown(summary: dict[str, Any]) -> str:
-    meta, rows = summary["meta"], summary["rows"]
-    cats = ", ".join(f"{c} ({n})" for c, n in meta["prompts_per_category"].items())
+def _meta_lines(meta: dict[str, Any], rows: list[Row]) -> list[str]:
+    """The header of ``summary.md``: what was run, where, and how the figures are made."""
+    cats = ", ".join(f"{c} ({n})" for c, n in (meta.get("prompts_per_category") or {}).items())
+    precision = meta.get("precision_note", meta.get("dtype_note")) or "precision not recorded"
     lines = [
-        "# verispec bench", "",
-        (f"- target `{meta['target']}`, draft `{meta['draft'] or '–'}`, "
-         f"{meta.get('precision_note', meta.get('dtype_note', ''))}, device {meta['device']}, {meta['threads']} threads"),
+        (f"- target `{meta.get('target') or 'not recorded'}`, draft "
+         f"`{meta.get('draft') or '–'}`, {precision}, device {meta.get('device', '–')}, "
+         f"{meta.get('threads', '–')} threads"),
         f"- machine: {meta.get('machine') or 'not recorded'}",
         f"- pair costs, measured at start-up: {meta.get('pair_costs') or 'not measured'}",
-        f"- suites {', '.join(meta['suites'])}; prompts per category: {cats}",
-        (f"- {meta['max_new_tokens']} new tokens, {meta['repeats']} repeat(s), seed "
-         f"{meta['seed']}, drafter {meta['drafter']}"),
-        ("- mean ± std over repeats; speed-up = geometric mean over prompts of the paired "
-         "throughput ratio to `ar` (same prompt, repeat and seed), 95% Student-t CI over "
-         "prompts; forward calls and scored tokens per generated token (prefill excluded)"),
-        "",
+        f"- suites {', '.join(meta.get('suites') or []) or '–'}; prompts per category: {cats}",
+        (f"- {meta.get('max_new_tokens', '–')} new tokens"
+         + (" (end of sequence ignored)" if meta.get("ignore_eos") else "")
+         + f", {meta.get('repeats', '–')} repeat(s), seed {meta.get('seed', '–')}, drafter "
+         f"{meta.get('drafter', '–')}"),
     ]
-    energy = {r["energy_source"] for r in rows}
-    lines += [f"- energy: {'; '.join(sorted(energy))}", ""]
+    if meta.get("order"):
+        lines.append(f"- order of the configs on each prompt: {meta['order']}")
+    for key in sorted(k for k in meta if k.startswith("peer")):
+        value = meta[key]
+        text = ("; ".join(f"{k}: {v}" for k, v in value.items()) if isinstance(value, dict)
+                else str(value))
+        lines.append(f"- {key.replace('_', ' ')}: {text}")
+    if meta.get("results_file"):
+        lines.append(f"- regenerated from `{meta['results_file']}` by "
+                     "`python -m verispec.bench.report`")
+    lines.append(f"- energy: {'; '.join(sorted({r['energy_source'] for r in rows}))}")
+    return lines + ["", "Notes:", ""] + [f"- {n}" for n in ESTIMATOR_NOTES] + [""]
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    meta, rows = summary.get("meta") or {}, summary["rows"]
+    lines = ["# verispec bench", "", *_meta_lines(meta, rows)]
     for t in dict.fromkeys(r["temperature"] for r in rows):
         trows = [r for r in rows if r["temperature"] == t and r["batch_size"] == 1]
         lines += [f"## Temperature {t:g}", "", "### All methods (every category pooled)", ""]
@@ -269,9 +277,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
             lines += ["### Block verification vs token verification", ""] + tb
         if len({r["category"] for r in trows}) > 1:
             lines += ["### Speed-up over `ar` by category", ""] + _by_category(trows)
-        peers = _peers(trows)
+        peers = render_comparisons(summary, t)
         if peers:
-            lines += ["### Against transformers (tokens/s ratios)", ""] + peers
+            lines += ["### Against peers (paired per prompt)", ""] + peers
         lines += ["### Speed, energy and quality (perplexity under the target)", ""]
         lines += _quality(trows)
         lines += _extras(trows, t)
@@ -283,7 +291,29 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def build_summary(meta: dict[str, Any], results: list[Row]) -> dict[str, Any]:
+    """The summary of a run's result rows: ``meta``, the groups' ``rows``
+    (:func:`.metrics.summarize`), ``peer_configs`` and ``comparisons`` (:mod:`.comparisons`)."""
+    return {"meta": meta, "rows": summarize(results), "peer_configs": peer_configs(results),
+            "comparisons": peer_comparisons(results)}
+
+
+def _add_comparisons(summary: dict[str, Any], results_path: Path) -> None:
+    """Fill in a summary made of ``meta`` and ``rows`` only: its comparisons with peers from
+    the rows of ``results_path`` whose configs the summary holds."""
+    shown = {(r["method"], r["temperature"], r["gamma"], r["batch_size"])
+             for r in summary["rows"]}
+    results = [r for r in (read_results_file(results_path) if results_path.is_file() else [])
+               if (r["method"], r["temperature"], r["gamma"], r["batch_size"]) in shown]
+    summary["peer_configs"] = peer_configs(results)
+    summary["comparisons"] = peer_comparisons(results)
+
+
 def write_reports(out: Path, summary: dict[str, Any]) -> None:
+    """Write ``summary.json`` and ``summary.md`` into ``out``. A summary without
+    ``comparisons`` gets them (in place) from ``out/results.jsonl``."""
+    if "comparisons" not in summary:
+        _add_comparisons(summary, out / "results.jsonl")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "summary.md").write_text(render_markdown(summary))
 
@@ -334,3 +364,145 @@ def compare(a_path: str | Path, b_path: str | Path) -> str:
         lines.append(f"{len(only_b)} row(s) only in B: "
                      + ", ".join(f"{k[0]} T={k[1]:g} γ={k[2]} {k[4]}" for k in only_b))
     return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- regeneration
+
+
+def read_results_file(path: Path) -> list[Row]:
+    """The rows of a ``results.jsonl`` in file order (a later row with the same key replaces
+    the earlier one; an unterminated last line, a torn write, is ignored). The file is only
+    read."""
+    data = path.read_text(encoding="utf-8")
+    complete = data[:data.rfind("\n") + 1] if not data.endswith("\n") else data
+    rows: dict[str, Row] = {}
+    for lineno, line in enumerate(complete.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno} is not valid JSON") from exc
+        rows[row.get("key", f"line {lineno}")] = row
+    return list(rows.values())
+
+
+def _derived_meta(results: list[Row]) -> dict[str, Any]:
+    """What the rows themselves tell of the run."""
+    prompts: dict[str, set[str]] = {}
+    for r in results:
+        prompts.setdefault(r["category"], set()).add(r["prompt_id"])
+    return {
+        "suites": list(dict.fromkeys(r["suite"] for r in results if r.get("suite"))),
+        "prompts_per_category": {c: len(ids) for c, ids in prompts.items()},
+        "repeats": len({r["repeat"] for r in results}),
+        "methods": list(dict.fromkeys(r["method"] for r in results)),
+        "temperatures": list(dict.fromkeys(r["temperature"] for r in results)),
+        "batch_sizes": list(dict.fromkeys(r["batch_size"] for r in results)),
+    }
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """A ``run.json`` (the settings) or a ``summary.json`` (its ``meta``)."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a run.json or summary.json")  # noqa: TRY004
+    return dict(data["meta"]) if isinstance(data.get("meta"), dict) else data
+
+
+def load_meta(results_path: Path, meta_path: Path | None = None) -> dict[str, Any]:
+    """The recorded meta of a results file: the ``summary.json`` and then the ``run.json``
+    next to it (where present), overridden by ``meta_path``."""
+    meta: dict[str, Any] = {}
+    for path in (results_path.parent / "summary.json", results_path.parent / "run.json",
+                 meta_path):
+        if path is not None and path.is_file():
+            meta.update(_read_meta(path))
+    return meta
+
+
+def _natural(value: Any) -> tuple[int, Any]:
+    """Numbers before names, each in its own order; ``ar`` first among names."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, "") if value == "ar" else (2, str(value))
+
+
+def canonical_order(results: list[Row], meta: dict[str, Any]) -> list[Row]:
+    """The rows in the order a run lists them, whatever order they ran in: repeat, prompt,
+    then config as the grid expands it (batch size 1 first; temperature, method, γ, batch
+    size). Each is ranked by ``meta``'s list where it has one; otherwise by first appearance
+    in ``results`` when the configs ran in a fixed order (rows without ``order``), else by
+    value (numbers ascending; ``ar``, then the other methods by name, peers last)."""
+    fixed = not any("order" in r for r in results)
+    first: dict[str, dict[Any, int]] = {"t": {}, "m": {}, "g": {}, "b": {}, "p": {}}
+    for r in results:
+        for name, value in (("t", r["temperature"]), ("m", r["method"]), ("g", r["gamma"]),
+                            ("b", r["batch_size"]), ("p", r["prompt_id"])):
+            first[name].setdefault(value, len(first[name]))
+
+    def rank(name: str, listed: str, value: Any) -> tuple[Any, ...]:
+        known = list(meta.get(listed) or [])
+        if value in known:
+            return (known.index(value), 0, 0)
+        if fixed:
+            return (len(known), first[name][value], 0)
+        peer = name == "m" and str(value).startswith(PEER_PREFIXES)
+        return (len(known), int(peer), _natural(value))
+
+    def key(r: Row) -> tuple[Any, ...]:
+        gamma = r["gamma"] if r["gamma"] not in (0, None) else None
+        return (r["repeat"], r.get("prompt_index", first["p"][r["prompt_id"]]),
+                r["batch_size"] > 1, rank("t", "temperatures", r["temperature"]),
+                rank("m", "methods", r["method"]),
+                (-1, 0, 0) if gamma is None else rank("g", "gammas", gamma),
+                rank("b", "batch_sizes", r["batch_size"]))
+
+    return sorted(results, key=key)
+
+
+def regenerate(results_path: Path, out: Path, meta_path: Path | None = None,
+               plots: bool = True, err: TextIO | None = None) -> dict[str, Any]:
+    """Rebuild ``summary.json``, ``summary.md`` (and the plots) in ``out`` from a results
+    file alone; return the summary. The meta is what the rows tell (prompts per category,
+    repeats, the grid), overridden by :func:`load_meta`."""
+    results = read_results_file(results_path)
+    if not results:
+        raise ValueError(f"{results_path} holds no result rows")
+    recorded = load_meta(results_path, meta_path)
+    ordered = canonical_order(results, recorded)
+    meta = {**_derived_meta(ordered), **recorded, "results_file": results_path.name}
+    summary = build_summary(meta, ordered)
+    out.mkdir(parents=True, exist_ok=True)
+    write_reports(out, summary)
+    if plots:
+        from verispec.bench.plots import write_plots
+
+        write_plots(out, summary, ordered, err)
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verispec.bench.report RESULTS.jsonl --out DIR``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m verispec.bench.report",
+        description="Rebuild summary.md, summary.json and the plots of a verispec bench run "
+                    "from its results.jsonl alone (no model is loaded).")
+    parser.add_argument("results", type=Path, help="a bench run's results.jsonl")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the reports")
+    parser.add_argument("--meta", type=Path, default=None,
+                        help="a run.json or summary.json giving the run's settings (default: "
+                             "those next to RESULTS, where present)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    args = parser.parse_args(argv)
+    try:
+        regenerate(args.results, args.out, args.meta, plots=not args.no_plots, err=sys.stderr)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out / 'summary.md'} and {args.out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -111,7 +111,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         draft=args.draft, precision=args.precision, target_precision=args.target_precision,
         draft_precision=args.draft_precision,
         drafter=args.drafter,
-        chat_template=args.chat_template, warmup=args.warmup)
+        chat_template=args.chat_template, warmup=args.warmup, ignore_eos=args.ignore_eos,
+        order=args.order, threads=args.threads)
 
 
 def benchmark(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

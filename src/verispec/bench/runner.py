@@ -1,28 +1,75 @@
 """The benchmark loop: every prompt × config × repeat, appended to ``results.jsonl``.
 
-Order of work: for each repeat, for each prompt, every config of the grid in turn — so that
-the methods compared on one prompt run back to back (slow drifts of the machine's speed hit
-them alike). Each config gets one warm-up generation (a 16-token prefix of the first prompt,
-16 new tokens) the first time it runs in a process; warm-ups are never recorded.
+Order of work: for each repeat, for each prompt, every config of the grid — so that the
+methods compared on one prompt run back to back (slow drifts of the machine's speed hit them
+alike). With ``order="random"`` (the default) the configs are shuffled on each (repeat,
+prompt) by a ``random.Random`` seeded from the run's seed, the repeat and the prompt's id, so
+that no method always runs first or right after another (a resumed run reproduces the
+order); ``order="fixed"`` keeps the grid's order. Each row records ``order``, its 0-based
+slot among the runs on its prompt (a batched run holds the slot of its first prompt). Each
+config gets one warm-up generation (a 16-token prefix of the first prompt, 16 new tokens)
+the first time it runs in a process; warm-ups are never recorded.
 
-Timing brackets only generation: for verispec's methods, :attr:`Stats.wall_time_s` (prefill
-+ decoding, measured inside the engine); for the transformers peers, the ``generate`` call.
-Tokenisation, model loading, warm-ups and the perplexity re-scoring of peer outputs are
-outside it. Prompt tokens never count as generated.
+Threads: one number, ``threads`` (default: the CPUs this process may run on,
+:func:`~verispec.bench.llamacpp.default_threads`), is torch's intra-op thread count for the
+whole run (verispec's methods and the transformers peers; restored afterwards) and every
+llama.cpp thread count of the llama.cpp peers (``-t -tb -td -tbd``, ``n_threads``,
+``n_threads_batch``). Every row records the ``threads`` it ran with (PEARL's two worker
+processes take their own counts, from its options).
+
+Fixed length (``ignore_eos``): every side decodes exactly ``max_new_tokens`` (unless a
+context window ends first). verispec's methods and the transformers peers emit an EOS like
+any other token and go on, every token drawn from the target's law at its context (for a
+lossless method the law is unchanged); the llama.cpp peers cannot go past an
+end-of-generation token, so both use llama.cpp's ``--ignore-eos`` rule: a −inf logit bias
+on every end-of-generation id (never sampled; their law is the target's with those ids
+removed, and the law check of their rows removes them too: ``law_masked_tokens``).
+
+Timing (every row): ``seconds`` brackets generation only — tokenisation, model loading,
+warm-ups and the perplexity re-scoring of peer outputs are outside it; prompt tokens never
+count as generated. It is split as ``seconds = prefill_seconds + decode_seconds``:
+
+* ``prefill_seconds``: the phase before decoding; ``prefill_covers`` says what it holds:
+
+  - ``"prompt"`` — verispec's methods: :attr:`Stats.prefill_time_s`, the engine's admission
+    of the request (``Engine._admit``): the target reading the prompt *except its last
+    token* (``add_rows(prompt[:-1])``) and the draft model reading it (``drafter.admit``),
+    synchronised with the device; the last prompt token is the first position of the first
+    iteration, which makes the first generated token(s). PEARL times the same span (its
+    ``executor.prefill``). For a batched call: the call's prefill time shared among its
+    rows in proportion to their tokens, like ``seconds``. ``llamacpp-spec``: the example's
+    own "encoded" time, the same span (target prompt[:-1] decoded, the draft reading the
+    same batch, sampler and speculator set-up; see :mod:`verispec.bench.llamacpp`);
+  - ``"first_token"`` — ``llamacpp-ar``: ``eval(prompt)`` (the whole prompt) and the first
+    token's sampling; ``hf-ar``: from the start of ``generate`` until transformers hands its
+    first new token to the streamer;
+  - ``"first_step"`` — ``hf-assisted*``: until the streamer gets the first accepted block
+    (the prompt's prefill and the first assisted round);
+
+  None where a side does not measure it (a method that records no prefill time).
+* ``decode_seconds`` = ``seconds − prefill_seconds`` (≥ 0; None with the prefill).
+* ``decode_tokens``: the generated tokens made during ``decode_seconds``: all of them for
+  ``"prompt"``, all but the first for ``"first_token"``, all but the first block for
+  ``"first_step"``. ``decode_tokens / decode_seconds`` is a decode rate that counts the same
+  work on every side.
 
 Resuming: each finished prompt × config × repeat is one JSON line, flushed as soon as it is
 measured. Rerunning the same command with the same ``--out`` skips the lines already there
 (a torn last line from an interrupted write is dropped) and runs the rest; the summary is
 computed from the file alone. ``run.json`` records the settings that change results (models,
-dtype, budget, seed, drafter); resuming with different ones is refused.
+dtype, budget, seed, drafter, ``ignore_eos``, ``order``, ``threads``); resuming with
+different ones is refused (a ``run.json`` written before ``ignore_eos`` / ``order`` existed
+counts as ``false`` / ``"fixed"``; one without ``threads`` accepts any).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +79,7 @@ import torch
 from verispec.api import generate_batch
 from verispec.bench.grid import Config, expand_grid, parse_method
 from verispec.bench.lawcheck import token_terms
+from verispec.bench.llamacpp import default_threads
 from verispec.bench.measure import (
     MemoryMeter,
     derive_seed,
@@ -39,10 +87,8 @@ from verispec.bench.measure import (
     rescore,
     score_nll,
 )
-from verispec.bench.metrics import summarize
-from verispec.bench.llamacpp import run_llamacpp
-from verispec.bench.peers import run_peer
 from verispec.bench.progress import Progress
+from verispec.bench.sides import PeerRunner, llamacpp_meta, ours_timing, peer_fields, prepare_peers
 from verispec.bench.suites import Prompt, encode, load_suites
 from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM
@@ -54,6 +100,9 @@ Row = dict[str, Any]
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
 WARMUP_TOKENS = 16
+ORDERS = ("random", "fixed")
+#: The value of a setting in a run.json written before the setting existed.
+_LEGACY_META = {"ignore_eos": False, "order": "fixed"}
 #: Stats fields copied into each result row.
 _STATS_FIELDS = (
     "iterations", "target_calls", "prefill_calls", "draft_calls", "accepted_total",
@@ -89,20 +138,23 @@ class BenchSettings:
     drafter: str = "model"
     chat_template: str = "auto"
     warmup: bool = True
+    ignore_eos: bool = False
+    order: str = "random"
+    threads: int | None = None  # None: default_threads()
+
+    @property
+    def thread_count(self) -> int:
+        """The threads of torch and of the llama.cpp peers."""
+        return self.threads or default_threads()
 
     def meta(self, target_name: str, draft_name: str) -> dict[str, Any]:
         """The settings a resumed run must share with the original."""
         return {"target": target_name, "draft": draft_name, "precision": self.precision,
                 "target_precision": self.target_precision, "draft_precision": self.draft_precision,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "drafter": self.drafter, "chat_template": self.chat_template}
-
-
-def _gguf(spec: str) -> str:
-    """The verified GGUF file of an embedded model (the llama.cpp peers run it)."""
-    from verispec.models.fetch import model_path
-
-    return str(model_path(spec, "gguf"))
+                "drafter": self.drafter, "chat_template": self.chat_template,
+                "ignore_eos": self.ignore_eos, "order": self.order,
+                "threads": self.thread_count}
 
 
 def _gamma(c: Config) -> int | str | None:
@@ -116,6 +168,8 @@ def _stats_fields(stats: dict[str, Any]) -> Row:
     row: Row = {k: stats.get(k) for k in _STATS_FIELDS}
     row.update({"tokens": stats["tokens_emitted"], "seconds": stats["wall_time_s"],
                 "call_seconds": stats["wall_time_s"]})
+    row.update(ours_timing(stats, stats["wall_time_s"], stats["prefill_time_s"],
+                           stats["tokens_emitted"]))
     extra = {k: v for k, v in stats.items() if k not in _BASE_STATS and k != "timeline"}
     if extra:
         row["extra_stats"] = extra
@@ -153,22 +207,32 @@ class Unit:
     config: Config
     repeat: int
     prompts: tuple[int, ...]  # indices into the prompt list
+    order: int = 0  # its slot among the units run on its (first) prompt
 
     def row_keys(self, prompts: Sequence[Prompt]) -> list[str]:
         return [f"{self.config.key}|{prompts[i].id}|r={self.repeat}" for i in self.prompts]
 
 
-def plan(configs: Sequence[Config], num_prompts: int, repeats: int) -> list[Unit]:
-    """The units in execution order (repeat, prompt, config)."""
+def plan(configs: Sequence[Config], num_prompts: int, repeats: int, *, order: str = "fixed",
+         seed: int = 0, prompt_ids: Sequence[str] | None = None) -> list[Unit]:
+    """The units in execution order: repeat, prompt, then the configs in the grid's order
+    (``order="fixed"``) or shuffled by ``random.Random`` seeded from ``seed``, the repeat and
+    the prompt's id (``prompt_ids[i]``, default ``str(i)``), the same on every call."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     units = []
     for r in range(repeats):
         for i in range(num_prompts):
-            for c in configs:
+            here = list(configs)
+            if order == "random":
+                pid = prompt_ids[i] if prompt_ids is not None else str(i)
+                random.Random(f"order/{seed}/{r}/{pid}").shuffle(here)
+            slot = 0
+            for c in here:
                 b = c.batch_size
-                if b == 1:
-                    units.append(Unit(c, r, (i,)))
-                elif i % b == 0:
-                    units.append(Unit(c, r, tuple(range(i, min(i + b, num_prompts)))))
+                if b == 1 or i % b == 0:
+                    units.append(Unit(c, r, tuple(range(i, min(i + b, num_prompts))), slot))
+                    slot += 1
     return units
 
 
@@ -176,8 +240,8 @@ def _check_meta(out: Path, meta: dict[str, Any]) -> None:
     path = out / RUN_META
     if path.exists():
         old = json.loads(path.read_text())
-        diff = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in meta.items()
-                if old.get(k) != v]
+        old = {k: old.get(k, _LEGACY_META.get(k, v)) for k, v in meta.items()}
+        diff = [f"{k}: {old[k]!r} there, {v!r} now" for k, v in meta.items() if old[k] != v]
         if diff:
             raise ValueError(f"{out} holds results of a different run ({'; '.join(diff)}); "
                              "use another --out or delete it")
@@ -192,7 +256,9 @@ class _Runner:
         self.s, self.target, self.draft = settings, target, draft
         self.prompts, self.encoded = prompts, encoded
         # the transformers peers' models: the same weights and precision, run by transformers
-        self.hf_target, self.hf_draft = hf_pair or (target, draft)
+        hf_target, hf_draft = hf_pair or (target, draft)
+        self.peers = PeerRunner(settings.target, settings.draft, hf_target, hf_draft,
+                                threads=settings.thread_count, ignore_eos=settings.ignore_eos)
         self.warmed: set[str] = set()
 
     def _ours(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
@@ -202,23 +268,12 @@ class _Runner:
             result = generate(
                 self.target, self.draft, ids, method=c.method.name, gamma=_gamma(c),
                 temperature=c.temperature, seed=seed, max_new_tokens=max_new,
-                drafter=self.s.drafter, **c.method.option_dict())
+                drafter=self.s.drafter, ignore_eos=self.s.ignore_eos, **c.method.option_dict())
         return result, mem.peak_mb, mem.source
 
     def _peer(self, c: Config, ids: list[int], seed: int, max_new: int) -> tuple[Any, float | None, str]:
-        name = c.method.name
         with MemoryMeter(self.target.device) as mem:
-            if name.startswith("llamacpp"):
-                result = run_llamacpp(name, ids, target_gguf=_gguf(self.s.target),
-                                      draft_gguf=_gguf(self.s.draft) if name != "llamacpp-ar"
-                                      else None,
-                                      temperature=c.temperature, gamma=c.gamma,
-                                      max_new_tokens=max_new, seed=seed,
-                                      eos_token_ids=tuple(self.target.eos_token_ids))
-            else:
-                result = run_peer(name, self.hf_target, self.hf_draft, ids,
-                                  temperature=c.temperature,
-                                  gamma=c.gamma, max_new_tokens=max_new, seed=seed)
+            result = self.peers.run(c, ids, seed, max_new, tuple(self.target.eos_token_ids))
         return result, mem.peak_mb, mem.source
 
     def warm_up(self, c: Config) -> None:
@@ -246,6 +301,8 @@ class _Runner:
             "suite": p.suite, "category": p.category, "prompt_id": p.id,
             "prompt_index": i, "repeat": unit.repeat, "seed": seed,
             "prompt_tokens": len(self.encoded[i]), "lossless": c.method.lossless,
+            "order": unit.order, "ignore_eos": self.s.ignore_eos,
+            "threads": torch.get_num_threads(),
         }
 
     def run_single(self, unit: Unit) -> list[Row]:
@@ -255,27 +312,22 @@ class _Runner:
         row = self._base_row(unit, i, seed)
         if c.method.is_peer:
             peer, peak, source = self._peer(c, ids, seed, self.s.max_new_tokens)
-            row.update({
-                "tokens": len(peer.tokens), "seconds": peer.seconds,
-                "call_seconds": peer.seconds, "target_calls": peer.target_calls,
-                "prefill_calls": 0, "draft_calls": peer.draft_calls,
-                "target_tokens_scored": peer.target_positions,
-                "bias_tv_sum": 0.0, "energy_joules": peer.energy_joules,
-                "energy_source": peer.energy_source, "output": peer.tokens,
-            })
-            if peer.notes:
-                row["notes"] = peer.notes
+            row.update(peer_fields(c.method.name, peer))
+            if peer.info:
+                row["peer_info"] = peer.info
         else:
             result, peak, source = self._ours(c, ids, seed, self.s.max_new_tokens)
             row.update(_stats_fields(result.stats.to_dict()))
             row["output"] = list(result.tokens)
         row["peak_memory_mb"], row["memory_source"] = peak, source
-        self._check_law(row, ids, seed, c.temperature, rescore_nll=c.method.is_peer)
+        self._check_law(row, ids, seed, c.temperature, rescore_nll=c.method.is_peer,
+                        masked=row.get("law_masked_tokens", ()))
         return [row]
 
     def _check_law(self, row: Row, ids: list[int], seed: int, temperature: float,
-                   rescore_nll: bool) -> None:
-        """Re-score the output once: the NLL (for peers) and the law check (T > 0)."""
+                   rescore_nll: bool, masked: Sequence[int] = ()) -> None:
+        """Re-score the output once: the NLL (for peers) and the law check (T > 0) against
+        the target's law, with the ``masked`` ids removed (a peer that never samples them)."""
         out = row["output"]
         if not out or (temperature == 0 and not rescore_nll):
             if rescore_nll:
@@ -287,17 +339,18 @@ class _Runner:
         if temperature > 0:
             gen = torch.Generator().manual_seed(seed)
             row["law_z_sum"], row["law_v_sum"], row["law_pits"] = token_terms(
-                logits, out, temperature, gen)
+                _without(logits, masked), out, temperature, gen)
 
     def _batch_kwargs(self, c: Config, seeds: list[int], max_new: int) -> dict[str, Any]:
         return {"method": c.method.name, "gamma": _gamma(c), "temperature": c.temperature,
                 "seeds": seeds, "max_new_tokens": max_new, "batch_size": c.batch_size,
-                "drafter": self.s.drafter, **c.method.option_dict()}
+                "drafter": self.s.drafter, "ignore_eos": self.s.ignore_eos,
+                **c.method.option_dict()}
 
     def run_batch(self, unit: Unit) -> list[Row]:
-        """One batched call on up to ``batch_size`` prompts. The call's wall time (and
-        energy) is shared among its rows in proportion to their tokens, so that sums over
-        rows give the batch's throughput."""
+        """One batched call on up to ``batch_size`` prompts. The call's wall time, prefill
+        time and energy are shared among its rows in proportion to their tokens, so that sums
+        over rows give the batch's."""
         c = unit.config
         seeds = [derive_seed(self.s.seed, unit.repeat, self.prompts[i].id) for i in unit.prompts]
         batch = [self.encoded[i] for i in unit.prompts]
@@ -311,15 +364,29 @@ class _Runner:
         for i, seed, result in zip(unit.prompts, seeds, out.results, strict=True):
             share = len(result.tokens) / total
             row = self._base_row(unit, i, seed)
-            row.update(_stats_fields(result.stats.to_dict()))
+            stats = result.stats.to_dict()
+            row.update(_stats_fields(stats))
             row.update({"seconds": call_seconds * share, "call_seconds": call_seconds,
                         "energy_joules": None if energy is None else energy * share,
                         "energy_source": out.stats.energy_source,
                         "output": list(result.tokens), "peak_memory_mb": mem.peak_mb,
                         "memory_source": mem.source})
+            row.update(ours_timing(stats, call_seconds * share,
+                                   out.stats.prefill_time_s * share, len(result.tokens)))
             self._check_law(row, self.encoded[i], seed, c.temperature, rescore_nll=False)
             rows.append(row)
         return rows
+
+
+def _without(logits: torch.Tensor, masked: Sequence[int]) -> torch.Tensor:
+    """``logits`` [n, V] with the ``masked`` ids made impossible (a finite −1e30 in float64,
+    so that p·log p stays 0 in the law check's sums)."""
+    ids = [int(t) for t in masked if 0 <= int(t) < logits.shape[-1]]
+    if not ids:
+        return logits
+    out = logits.double().clone()  # [n, V]
+    out[:, ids] = -1e30
+    return out
 
 
 def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[CausalLM, CausalLM | None]:
@@ -330,46 +397,6 @@ def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[Caus
                      draft_precision=s.draft_precision or s.precision,
                      progress=lambda msg: print(msg, file=err))
     return pair.target, pair.draft
-
-
-def _prepare_peers(configs: Sequence[Config], s: BenchSettings, target: CausalLM,
-                 draft: CausalLM | None, err: TextIO, *, loaded: bool,
-                 ) -> tuple[CausalLM, CausalLM | None] | None:
-    """Refuse peers that cannot run here, with the reason and the remedy; load the models of
-    the transformers peers where ours run on the native runtime (None: ours are
-    transformers models already). ``loaded``: the models were loaded from the settings'
-    names (not passed in), so the peers' models can be loaded from them too."""
-    peers = sorted({c.method.name for c in configs if c.method.is_peer})
-    hf = [p for p in peers if p.startswith("hf-")]
-    hf_pair = None
-    if hf and not hasattr(target, "model"):
-        if not loaded or s.target is None:
-            raise ValueError(f"the transformers peers ({', '.join(hf)}) need transformers "
-                             f"models; {target.name} is not one (drop them or use --no-hf)")
-        from verispec.models.loading import load_transformers
-
-        def load(spec: str, model: CausalLM) -> CausalLM:
-            precision = model.precision
-            if precision == "int4":  # transformers has no int4 layers: its int8 form
-                precision = "int8"
-                print(f"{', '.join(hf)}: the draft runs in int8 inside transformers (it has "
-                      "no int4 layers)", file=err)
-            return load_transformers(spec, precision=precision, device=model.device,
-                                     progress=lambda msg: print(msg, file=err))
-
-        needs_draft = any(p != "hf-ar" for p in hf)
-        hf_pair = (load(s.target, target),
-                   load(s.draft, draft) if needs_draft and s.draft and draft else None)
-    if any(p.startswith("llamacpp") for p in peers):
-        from verispec.bench.llamacpp import llamacpp_available
-
-        missing = llamacpp_available()
-        if missing is not None:
-            raise ValueError(missing)
-        _gguf(s.target)
-        if "llamacpp-spec" in peers:
-            _gguf(s.draft)
-    return hf_pair
 
 
 def _configs(s: BenchSettings, err: TextIO) -> list[Config]:
@@ -392,23 +419,49 @@ def _configs(s: BenchSettings, err: TextIO) -> list[Config]:
 
 def _summary_meta(s: BenchSettings, names: tuple[str, str], target: CausalLM,
                   draft: CausalLM | None, prompts: Sequence[Prompt], costs: str | None,
-                  ) -> dict[str, Any]:
-    """What the summary says of the run: settings, models, precisions, machine, costs."""
+                  llamacpp: dict[str, Any] | None) -> dict[str, Any]:
+    """What the summary says of the run: settings, models, precisions, machine, costs,
+    threads and the llama.cpp peers' provenance."""
     precision = f"target {target.precision}" + (f", draft {draft.precision}" if draft else "")
     counts: dict[str, int] = {}
     for p in prompts:
         counts[p.category] = counts.get(p.category, 0) + 1
-    return {
+    meta = {
         **s.meta(*names),
         "precision_note": precision, "dtype_note": precision,  # dtype_note: the older name
-        "device": str(target.device),
-        "threads": torch.get_num_threads(), "suites": list(s.suites),
+        "device": str(target.device), "torch_threads": torch.get_num_threads(),
+        "suites": list(s.suites),
         "prompts_per_category": counts, "repeats": s.repeats,
         "methods": [m.label for m in s.methods], "temperatures": list(s.temperatures),
         "gammas": [g if g is not None else "auto" for g in s.gammas],
         "batch_sizes": list(s.batch_sizes),
         "pair_costs": costs, "machine": machine_description(),
     }
+    if llamacpp is not None:
+        meta["llamacpp"] = llamacpp
+    return meta
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block (restored after)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _check_settings(s: BenchSettings) -> None:
+    if s.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {s.repeats}")
+    if s.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {s.max_new_tokens}")
+    if s.order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {s.order!r}")
+    if s.threads is not None and s.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {s.threads}")
 
 
 def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
@@ -420,16 +473,18 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
     ``target`` / ``draft`` may be given already loaded (tests use toy and tiny models);
     otherwise they are loaded from ``settings.target`` / ``settings.draft``.
     ``on_row`` is called after each row is written (tests interrupt runs through it).
+    torch runs with ``settings.thread_count`` threads meanwhile (restored after).
     """
-    from verispec.bench.plots import write_plots
-    from verispec.bench.report import write_reports
+    _check_settings(settings)
+    with _torch_threads(settings.thread_count):
+        return _run(settings, target, draft, err or sys.stderr, on_row)
 
-    err = err or sys.stderr
-    s = settings
-    if s.repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {s.repeats}")
-    if s.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {s.max_new_tokens}")
+
+def _run(s: BenchSettings, target: CausalLM | None, draft: CausalLM | None, err: TextIO,
+         on_row: Callable[[Row], None] | None) -> dict[str, Any]:
+    from verispec.bench.plots import write_plots
+    from verispec.bench.report import build_summary, write_reports
+
     configs = _configs(s, err)
     prompts = load_suites(s.suites, s.num_prompts, s.categories)
     needs_draft = any(c.method.uses_draft for c in configs)
@@ -438,7 +493,7 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
         target, draft = _load_models(s, needs_draft, err)
     elif needs_draft and draft is None:
         raise ValueError("the methods need a draft model")
-    hf_pair = _prepare_peers(configs, s, target, draft, err, loaded=loaded)
+    hf_pair = prepare_peers(configs, s.target, s.draft, target, draft, err, loaded=loaded)
     tokenizer = getattr(target, "tokenizer", None)
     if tokenizer is None:
         raise ValueError(f"the target {target.name} has no tokenizer to encode prompts with")
@@ -448,7 +503,8 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
     _check_meta(s.out, s.meta(*names))
     results_path = s.out / RESULTS
     done = read_results(results_path)
-    units = plan(configs, len(prompts), s.repeats)
+    ids = [p.id for p in prompts]
+    units = plan(configs, len(prompts), s.repeats, order=s.order, seed=s.seed, prompt_ids=ids)
     todo = [u for u in units if not all(k in done for k in u.row_keys(prompts))]
     costs = None
     if draft is not None and needs_draft:  # why the speed-ups are what they are
@@ -475,9 +531,12 @@ def run_benchmark(settings: BenchSettings, *, target: CausalLM | None = None,
             c = unit.config
             progress.step(f"{c.method.label} T={c.temperature:g} γ={c.gamma_text} "
                           f"{prompts[unit.prompts[0]].id} r{unit.repeat}")
-    ordered = [done[k] for u in units for k in u.row_keys(prompts)]
-    summary = {"meta": _summary_meta(s, names, target, draft, prompts, costs),
-               "rows": summarize(ordered)}
+    # the rows in the grid's order, whatever order they ran in
+    ordered = [done[k] for u in plan(configs, len(prompts), s.repeats)
+               for k in u.row_keys(prompts)]
+    llamacpp = llamacpp_meta(configs, ordered, s.thread_count, runner.peers)
+    summary = build_summary(_summary_meta(s, names, target, draft, prompts, costs, llamacpp),
+                            ordered)
     write_reports(s.out, summary)
     write_plots(s.out, summary, ordered, err)
     return summary

@@ -7,8 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
 from verispec.engine.gamma import FixedGamma, GammaPolicy
@@ -18,9 +16,6 @@ from verispec.models.base import CausalLM, ContextTooLongError
 from verispec.sampling import Randomness, Sampling
 
 __all__ = ["GenerationOutput", "Request", "Row", "accept_tokens", "check_request"]
-
-#: Why a request stopped.
-STOP_REASONS = ("eos", "max_new_tokens", "context_window", "cancelled")
 
 
 @dataclass
@@ -44,6 +39,10 @@ class Request:
         gamma: draft length policy (an int is a fixed γ; 0 is plain decoding).
         drafter: who drafts for it (None: no draft, plain decoding).
         on_tokens: called with each accepted block of new tokens.
+        ignore_eos: EOS does not end the request: it decodes to its budget (or the context
+            window). Tokens after an EOS are drawn exactly as any other, from the method's
+            law at the extended context, so a lossless method still samples the target's
+            law (that of the target without EOS ids).
     """
 
     prompt: list[int]
@@ -54,6 +53,7 @@ class Request:
     gamma: GammaPolicy | int = 0
     drafter: Drafter | None = None
     on_tokens: Callable[[list[int]], None] | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, int):
@@ -135,8 +135,3 @@ class Row:
 
     def output(self) -> GenerationOutput:
         return GenerationOutput(tokens=list(self.emitted), stats=self.stats)
-
-
-def empty_generator(device: torch.device | str, seed: int) -> Randomness:
-    """A :class:`Randomness` over a fresh generator on ``device`` seeded with ``seed``."""
-    return Randomness(torch.Generator(device=device).manual_seed(seed))

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.options import INSTALL_COMMAND, PIP_CMAKE_FLAGS  # import-light
 from verispec.bench.peers import PeerResult
 
 __all__ = [
@@ -21,12 +24,15 @@ __all__ = [
     "INSTALL_COMMAND_PLAIN",
     "LLAMA_CPP_PYTHON_VERSION",
     "PEERS",
+    "PIP_CMAKE_FLAGS",
     "LlamaCppUnavailableError",
     "clear_cache",
     "default_threads",
+    "eog_ids",
     "forward_ms",
     "llamacpp_available",
     "load_gguf",
+    "provenance",
     "run_ar",
 ]
 
@@ -39,22 +45,11 @@ DEFAULT_EOS = (151645, 151643)
 """EOS ids of the embedded target (``<|im_end|>``, ``<|endoftext|>``); pass the target's
 ``eos_token_ids``."""
 
-PIP_CMAKE_FLAGS = (
-    "-DGGML_NATIVE=ON",
-    "-DLLAVA_BUILD=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_TOOLS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-    "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-)
+CMAKE_FLAGS_UNKNOWN = "unknown (pip build; flags not recorded by llama-cpp-python)"
 
-INSTALL_COMMAND = (
-    f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
-    "pip install --no-cache-dir -e '.[peers]'"
-)
-"""Install command from a verispec checkout (the ``peers`` extra pins llama-cpp-python)."""
+#: ggml's build options worth reporting, as its installed ``ggml-config.cmake`` records them.
+GGML_OPTIONS = ("GGML_NATIVE", "GGML_OPENMP", "GGML_LLAMAFILE", "GGML_CPU_REPACK", "GGML_BLAS",
+                "GGML_CUDA", "GGML_BUILD_COMMIT")
 
 INSTALL_COMMAND_PLAIN = (
     f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
@@ -117,10 +112,47 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def _cmake_values(path: Path, names: Sequence[str]) -> dict[str, str]:
+    """``set(NAME "value")`` lines of an installed CMake package config file."""
+    found = dict(re.findall(r'^set\((\w+)\s+"?([^")]*)"?\)', path.read_text("utf-8", "replace"),
+                            re.MULTILINE))
+    return {n: found[n] for n in names if n in found}
+
+
+def _installed_build_record() -> dict[str, str]:
+    """The ggml options and llama.cpp commit that llama-cpp-python's installed CMake package
+    files (``ggml-config.cmake``, ``llama-config.cmake``) record; empty where absent."""
+    try:
+        files = importlib.metadata.files("llama-cpp-python") or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    out: dict[str, str] = {}
+    for f in files:
+        name = Path(str(f)).name
+        wanted = GGML_OPTIONS if name == "ggml-config.cmake" else \
+            ("LLAMA_BUILD_COMMIT",) if name == "llama-config.cmake" else ()
+        path = Path(str(f.locate()))
+        if wanted and path.is_file():
+            out.update(_cmake_values(path, wanted))
+    return out
+
+
+def provenance() -> dict[str, Any]:
+    """What ``llamacpp-ar`` runs: the llama-cpp-python version, llama.cpp's ``system_info``
+    string, the CMake flags of the build (a pip build does not record them: said so, not
+    guessed) and the ggml options and commit its installed CMake package files record."""
+    llama_cpp = _llama_cpp()
+    info = llama_cpp.llama_print_system_info()
+    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+    return {"llama_cpp_python": _installed_version(), "system_info": text.strip(" |"),
+            "cmake_flags": CMAKE_FLAGS_UNKNOWN, "installed_build": _installed_build_record()}
+
+
 # --------------------------------------------------------------------------- loaded models
 
 _MODELS: dict[tuple[str, int, bool], Any] = {}
 _VOCABS: dict[str, Any] = {}
+_EOG: dict[str, tuple[int, ...]] = {}
 
 
 def _ctx_size(needed: int) -> int:
@@ -167,6 +199,20 @@ def _vocab(path: str | os.PathLike[str]) -> Any:
     return vocab
 
 
+def eog_ids(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """Every end-of-generation id of the GGUF's vocabulary (``llama_vocab_is_eog``): the ids
+    at which llama.cpp stops, and to which its ``--ignore-eos`` gives a −inf logit bias."""
+    resolved = str(Path(path).expanduser().resolve())
+    ids = _EOG.get(resolved)
+    if ids is None:
+        llama_cpp = _llama_cpp()
+        pointer = llama_cpp.llama_model_get_vocab(_vocab(resolved).model)
+        n = int(llama_cpp.llama_vocab_n_tokens(pointer))
+        ids = tuple(i for i in range(n) if llama_cpp.llama_vocab_is_eog(pointer, i))
+        _EOG[resolved] = ids
+    return ids
+
+
 def clear_cache() -> None:
     """Free every model loaded by this module."""
     for cache in (_MODELS, _VOCABS):
@@ -174,16 +220,25 @@ def clear_cache() -> None:
             with contextlib.suppress(Exception):
                 llm.close()
         cache.clear()
+    _EOG.clear()
 
 
 # --------------------------------------------------------------------------- llamacpp-ar
 
 
 @contextlib.contextmanager
-def _sampler(llama_cpp: Any, temperature: float, seed: int) -> Iterator[Any]:
-    """llama.cpp sampler chain: greedy at T = 0, else temp(T) then dist(seed), nothing else."""
+def _sampler(llama_cpp: Any, temperature: float, seed: int, masked: Sequence[int] = (),
+             n_vocab: int = 0) -> Iterator[Any]:
+    """llama.cpp sampler chain: greedy at T = 0, else temp(T) then dist(seed), nothing else;
+    preceded by a −inf logit bias on the ``masked`` ids if any (the place and value llama.cpp's
+    own sampler gives the biases of ``--ignore-eos``)."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     try:
+        if masked:
+            biases = (llama_cpp.llama_logit_bias * len(masked))(
+                *(llama_cpp.llama_logit_bias(int(t), -math.inf) for t in masked))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(
+                int(n_vocab), len(masked), biases))
         if temperature <= 0:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         else:
@@ -197,15 +252,22 @@ def _sampler(llama_cpp: Any, temperature: float, seed: int) -> Iterator[Any]:
 
 
 def run_ar(prompt: list[int], *, gguf: str | os.PathLike[str], temperature: float,
-            max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
-            flash_attn: bool) -> PeerResult:
+           max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
+           flash_attn: bool, ignore_eos: bool = False) -> PeerResult:
+    """``llamacpp-ar`` on one prompt. ``prefill_seconds`` covers ``eval(prompt)`` and the
+    first token's sampling; ``ignore_eos`` masks every end-of-generation id (as
+    ``llama-speculative-simple --ignore-eos`` does) and decodes the whole budget."""
     llama_cpp = _llama_cpp()
+    threads = threads or default_threads()
     llm = load_gguf(gguf, threads=threads, n_ctx=len(prompt) + max_new_tokens,
                     flash_attn=flash_attn)
-    eos_set = {int(t) for t in eos}
+    masked = eog_ids(gguf) if ignore_eos else ()
+    stop = frozenset() if ignore_eos else frozenset(int(t) for t in eos)
     tokens: list[int] = []
     calls = positions = 0
-    with _sampler(llama_cpp, temperature, seed) as chain:
+    first: float | None = None
+    with _sampler(llama_cpp, temperature, seed, masked, llm.n_vocab() if masked else 0) \
+            as chain:
         llm.reset()
         start = time.perf_counter()
         llm.eval(prompt)
@@ -214,17 +276,23 @@ def run_ar(prompt: list[int], *, gguf: str | os.PathLike[str], temperature: floa
         while True:
             token = int(llama_cpp.llama_sampler_sample(chain, llm.ctx, -1))
             tokens.append(token)
-            if token in eos_set or len(tokens) >= max_new_tokens:
+            if first is None:
+                first = time.perf_counter()
+            if token in stop or len(tokens) >= max_new_tokens:
                 break
             llm.eval([token])
             calls += 1
             positions += 1
         seconds = time.perf_counter() - start
+    notes = [(f"llama.cpp plain decoding of {Path(gguf).name} ({threads} threads, flash "
+              f"attention {'on' if flash_attn else 'off'})")]
+    if ignore_eos:
+        notes.append(f"ignore_eos: the {len(masked)} end-of-generation ids have a -inf logit "
+                     "bias (never sampled)")
     return PeerResult(tokens=tokens, seconds=seconds, target_calls=calls,
-                      target_positions=positions - (len(prompt) - 1),
-                      notes=[f"llama.cpp plain decoding of {Path(gguf).name} ("
-                             f"{threads or default_threads()} threads, flash attention "
-                             f"{'on' if flash_attn else 'off'})"])
+                      target_positions=positions - (len(prompt) - 1), notes=notes,
+                      prefill_seconds=None if first is None else first - start, first_tokens=1,
+                      masked_tokens=tuple(masked), threads=threads)
 
 
 def forward_ms(gguf: str | os.PathLike[str], *, context: int = 200, batch: int = 1,

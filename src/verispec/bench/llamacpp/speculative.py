@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import verispec.bench.llamacpp.library as library
+import verispec.bench.llamacpp.library as library  # noqa: PLR0402 (a package import would be a cycle)
 from verispec.bench.llamacpp.library import (
     LLAMA_CPP_PYTHON_VERSION,
     Progress,
@@ -35,6 +35,7 @@ __all__ = [
     "BINARY_ENV",
     "SPEC_TARGET",
     "SpeculativeOutput",
+    "build_record",
     "build_speculative",
     "parse_speculative_output",
     "prompt_text",
@@ -59,6 +60,8 @@ SPEC_CMAKE_FLAGS = (
 )
 """CMake flags of the example build: native, static (self-contained binary), only the
 libraries the example needs are compiled because only its target is built."""
+
+NO_SYSTEM_INFO = "not printed by llama-speculative-simple"
 
 BINARY_ENV = "VERISPEC_LLAMA_SPECULATIVE"
 """Environment variable naming a ready ``llama-speculative-simple`` binary to use instead."""
@@ -203,8 +206,16 @@ def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int
 def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.PathLike[str],
                      draft_gguf: str | os.PathLike[str], prompt_file: str | os.PathLike[str],
                      gamma: int, temperature: float, seed: int, max_new_tokens: int,
-                     threads: int, n_ctx: int, flash_attn: bool = True) -> list[str]:
+                     threads: int, n_ctx: int, flash_attn: bool = True, p_min: float = 0.0,
+                     ignore_eos: bool = False) -> list[str]:
     """Command line of one ``llama-speculative-simple`` run.
+
+    γ is ``--spec-draft-n-max`` (``--spec-draft-n-min 0``); ``p_min`` is
+    ``--spec-draft-p-min``: the draft stops proposing at the first position where its top
+    token's probability (its own sampler's: temperature 1 over its 10 most probable tokens)
+    is below ``p_min`` (0: always γ tokens). ``ignore_eos`` adds ``--ignore-eos``: llama.cpp
+    then gives every end-of-generation id of the vocabulary a −inf logit bias in the target's
+    sampler (never sampled, so never accepted from a draft either).
 
     The example stops once its count *exceeds* ``-n``, hence ``-n max_new_tokens - 1``; when
     at most one token of budget is left it still drafts a full γ (its per-round cap of 0 means
@@ -217,6 +228,8 @@ def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.Pa
     """
     if gamma < 1:
         raise ValueError(f"llamacpp-spec needs gamma >= 1, got {gamma}")
+    if not 0.0 <= p_min <= 1.0:
+        raise ValueError(f"p_min must be in [0, 1], got {p_min}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     t = str(threads)
@@ -227,7 +240,7 @@ def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.Pa
         "--spec-type", "draft-simple",
         "--spec-draft-n-max", str(gamma),
         "--spec-draft-n-min", "0",
-        "--spec-draft-p-min", "0",
+        "--spec-draft-p-min", f"{float(p_min):g}",
         "-bf", str(prompt_file),
         "--no-escape",
         "-n", str(max_new_tokens - 1),
@@ -242,6 +255,7 @@ def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.Pa
         "--seed", str(int(seed) & 0xFFFFFFFF),
         "--color", "off",
         "-lv", "5",
+        *(["--ignore-eos"] if ignore_eos else []),
     ]
 
 
@@ -268,6 +282,12 @@ class SpeculativeOutput:
     ids: list[int] | None = None
     """Generated ids read from the debug log (every round's accepted draft ids and the target's
     last token, so a final end-of-generation token included); None without a debug log."""
+    system_info: str | None = None
+    """A ``system_info:`` line (threads and CPU features), if the program printed one (the
+    example of llama-cpp-python 0.3.36 prints none: it never calls
+    ``common_params_print_info``)."""
+    logged_threads: list[int] = field(default_factory=list)
+    """The ``n_threads`` of every "threadpool init" debug line (the thread pools it made)."""
 
     @property
     def seconds(self) -> float:
@@ -350,12 +370,15 @@ def parse_speculative_output(stdout: bytes, stderr: str | bytes, *,
     tail = stderr[stderr.rfind("target:"):] if "target:" in stderr else stderr
     pe = re.search(r"prompt eval time =\s*" + _NUM + r" ms /\s*([0-9]+) tokens", tail)
     ev = re.search(r"[^t] eval time =\s*" + _NUM + r" ms /\s*([0-9]+) runs", tail)
+    sysinfo = re.search(r"system_info: (.*)", stderr)
+    pools = sorted({int(n) for n in re.findall(r"threadpool init, n_threads = ([0-9]+)", stderr)})
     return SpeculativeOutput(
         text=body, n_input=int(enc.group(1)), encode_seconds=float(enc.group(2)),
         decode_seconds=float(dec.group(2)), n_predict=n_predict, n_drafted=n_drafted,
         n_accept=n_accept, draft_stats=stats,
         target_prompt_positions=int(pe.group(2)) if pe else None,
-        target_single_calls=int(ev.group(2)) if ev else None, ids=_ids_from_debug(stderr))
+        target_single_calls=int(ev.group(2)) if ev else None, ids=_ids_from_debug(stderr),
+        system_info=sysinfo.group(1).strip(" |") if sysinfo else None, logged_threads=pools)
 
 
 def _eog_checker(vocab: Any) -> Callable[[int], bool]:
@@ -382,36 +405,37 @@ def _generated_ids(vocab: Any, prompt: list[int], prompt_bytes: bytes, text: byt
     return ids
 
 
-def run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
-              draft_gguf: str | os.PathLike[str], temperature: float, gamma: int,
-              max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
-              flash_attn: bool, binary: str | os.PathLike[str] | None,
-              progress: Progress | None, timeout: float | None) -> PeerResult:
-    for path in (target_gguf, draft_gguf):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"GGUF file not found: {path}")
-    binary = binary or speculative_binary() or build_speculative(progress=progress)
-    vocab = library._vocab(target_gguf)
-    text = prompt_text(vocab, prompt)
-    threads = threads or default_threads()
-    n_ctx = _ctx_size(len(prompt) + max_new_tokens + gamma + 2)
-    with tempfile.TemporaryDirectory(prefix="verispec-llamacpp-") as tmp:
-        prompt_file = Path(tmp) / "prompt.txt"
-        prompt_file.write_bytes(text)
-        argv = speculative_argv(binary, target_gguf=target_gguf, draft_gguf=draft_gguf,
-                                prompt_file=prompt_file, gamma=gamma, temperature=temperature,
-                                seed=seed, max_new_tokens=max_new_tokens, threads=threads,
-                                n_ctx=n_ctx, flash_attn=flash_attn)
-        proc = subprocess.run(argv, capture_output=True, check=False, timeout=timeout)
-    stderr = proc.stderr.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        tail = "\n".join(stderr.strip().splitlines()[-25:])
-        raise RuntimeError(f"llama-speculative-simple failed (exit code {proc.returncode}): "
-                           f"{shlex.join(argv)}\n{tail}")
-    out = parse_speculative_output(proc.stdout, stderr, prompt=text)
-    notes = [f"llama.cpp speculative decoding (draft-simple, greedy drafts of {gamma}, exact-"
-             f"match verification) of {Path(target_gguf).name} with {Path(draft_gguf).name}, "
-             f"{threads} threads, flash attention {'on' if flash_attn else 'off'}"]
+#: CMake cache entries of the example's build worth reporting.
+CACHE_ENTRIES = ("CMAKE_BUILD_TYPE", "CMAKE_CXX_COMPILER", "GGML_NATIVE", "GGML_OPENMP",
+                 "GGML_LLAMAFILE", "GGML_CPU_REPACK", "GGML_BLAS", "GGML_CUDA")
+
+
+def build_record(binary: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``build.json`` that :func:`build_speculative` wrote next to ``binary`` (its CMake
+    flags, the llama-cpp-python version of its sources, ...), with the values of
+    :data:`CACHE_ENTRIES` in the build's ``CMakeCache.txt`` (``cmake_cache``); None for a
+    binary built elsewhere (e.g. named by ``$VERISPEC_LLAMA_SPECULATIVE``)."""
+    parents = Path(binary).resolve().parents
+    if len(parents) < 3:
+        return None
+    root = parents[2]
+    try:
+        record = dict(json.loads((root / "build.json").read_text("utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        cache = (root / "build" / "CMakeCache.txt").read_text("utf-8", "replace")
+    except OSError:
+        return record
+    found = dict(re.findall(r"^(\w+):[A-Z]+=(.*)$", cache, re.MULTILINE))
+    record["cmake_cache"] = {k: found[k] for k in CACHE_ENTRIES if k in found}
+    return record
+
+
+def _recovered_ids(out: SpeculativeOutput, vocab: Any, prompt: list[int], text: bytes,
+                   eos: Sequence[int], notes: list[str]) -> list[int]:
+    """The generated ids up to the program's stop: from its debug log, else by tokenizing its
+    printed text again (the final end-of-generation id then guessed, and said so)."""
     is_eog = _eog_checker(vocab)
     if out.ids is not None:
         ids = []
@@ -423,12 +447,19 @@ def run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
         if bytes(vocab.detokenize(printed, special=True)) != out.text:
             notes.append("the ids read from llama.cpp's log do not detokenize to its printed "
                          "text")
-    else:
-        ids = _generated_ids(vocab, prompt, text, out.text, notes)
-        if out.n_predict == len(ids) + 1 and eos:
-            ids.append(int(eos[0]))
-            notes.append("llama.cpp stopped at an end-of-generation token; without its debug "
-                         f"log the id is unknown and taken to be {int(eos[0])}")
+        return ids
+    ids = _generated_ids(vocab, prompt, text, out.text, notes)
+    if out.n_predict == len(ids) + 1 and eos:
+        ids.append(int(eos[0]))
+        notes.append("llama.cpp stopped at an end-of-generation token; without its debug "
+                     f"log the id is unknown and taken to be {int(eos[0])}")
+    return ids
+
+
+def _cut(ids: list[int], out: SpeculativeOutput, eos: Sequence[int], is_eog: Callable[[int], bool],
+         max_new_tokens: int, notes: list[str]) -> list[int]:
+    """``ids`` cut after the first id of ``eos`` (none under ignore_eos: pass ``()``) and at
+    the budget, with notes on what llama.cpp did differently."""
     if out.n_predict != len(ids) and len(ids) <= max_new_tokens:
         notes.append(f"llama.cpp counted {out.n_predict} generated tokens, {len(ids)} were "
                      "recovered")
@@ -443,12 +474,62 @@ def run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
         notes.append(f"llama.cpp generated {len(ids)} tokens for a budget of {max_new_tokens}; "
                      "cut at the budget (its time includes the overrun)")
         ids = ids[:max_new_tokens]
+    return ids
+
+
+def run_spec(prompt: list[int], *, target_gguf: str | os.PathLike[str],
+             draft_gguf: str | os.PathLike[str], temperature: float, gamma: int,
+             max_new_tokens: int, seed: int, threads: int | None, eos: Sequence[int],
+             flash_attn: bool, binary: str | os.PathLike[str] | None,
+             progress: Progress | None, timeout: float | None, p_min: float = 0.0,
+             ignore_eos: bool = False) -> PeerResult:
+    """``llamacpp-spec`` on one prompt: ``prefill_seconds`` is the program's "encoded" time,
+    ``seconds`` its "encoded" + "decoded" time (see :mod:`verispec.bench.llamacpp`)."""
+    for path in (target_gguf, draft_gguf):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+    binary = binary or speculative_binary() or build_speculative(progress=progress)
+    vocab = library._vocab(target_gguf)
+    text = prompt_text(vocab, prompt)
+    threads = threads or default_threads()
+    n_ctx = _ctx_size(len(prompt) + max_new_tokens + gamma + 2)
+    with tempfile.TemporaryDirectory(prefix="verispec-llamacpp-") as tmp:
+        prompt_file = Path(tmp) / "prompt.txt"
+        prompt_file.write_bytes(text)
+        argv = speculative_argv(binary, target_gguf=target_gguf, draft_gguf=draft_gguf,
+                                prompt_file=prompt_file, gamma=gamma, temperature=temperature,
+                                seed=seed, max_new_tokens=max_new_tokens, threads=threads,
+                                n_ctx=n_ctx, flash_attn=flash_attn, p_min=p_min,
+                                ignore_eos=ignore_eos)
+        proc = subprocess.run(argv, capture_output=True, check=False, timeout=timeout)
+    stderr = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-25:])
+        raise RuntimeError(f"llama-speculative-simple failed (exit code {proc.returncode}): "
+                           f"{shlex.join(argv)}\n{tail}")
+    out = parse_speculative_output(proc.stdout, stderr, prompt=text)
+    stops = f" stopped below p_min={p_min:g}" if p_min else ""
+    notes = [(f"llama.cpp speculative decoding (draft-simple, greedy drafts of {gamma}{stops}, "
+              f"exact-match verification) of {Path(target_gguf).name} with "
+              f"{Path(draft_gguf).name}, {threads} threads, flash attention "
+              f"{'on' if flash_attn else 'off'}")]
+    masked = library.eog_ids(target_gguf) if ignore_eos else ()
+    if ignore_eos:
+        notes.append(f"ignore_eos (--ignore-eos): the {len(masked)} end-of-generation ids have "
+                     "a -inf logit bias (never sampled)")
+    ids = _recovered_ids(out, vocab, prompt, text, () if ignore_eos else eos, notes)
+    ids = _cut(ids, out, () if ignore_eos else eos, _eog_checker(vocab), max_new_tokens, notes)
     rounds = out.rounds
-    prefill = 1 if out.n_input > 1 else 0
     drafted = out.draft_stats.get("gen_tokens", out.n_drafted)
     notes.append(f"llama.cpp: encoded {out.n_input} tokens in {out.encode_seconds:.3f}s, decoded "
                  f"{out.n_predict} in {out.decode_seconds:.3f}s; {rounds} rounds, "
                  f"{out.n_accept}/{out.n_drafted} draft tokens accepted")
-    return PeerResult(tokens=ids, seconds=out.seconds, target_calls=prefill + rounds,
+    return PeerResult(tokens=ids, seconds=out.seconds, target_calls=int(out.n_input > 1) + rounds,
                       target_positions=rounds + out.n_drafted,
-                      draft_calls=1 + rounds + drafted, notes=notes)
+                      draft_calls=1 + rounds + drafted, notes=notes,
+                      prefill_seconds=out.encode_seconds, first_tokens=0,
+                      masked_tokens=tuple(masked), threads=threads,
+                      info={"speculative_system_info": out.system_info or NO_SYSTEM_INFO,
+                            "speculative_threads_logged": out.logged_threads,
+                            "speculative_build": build_record(binary),
+                            "speculative_binary": str(binary)})
