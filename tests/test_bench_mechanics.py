@@ -389,3 +389,22 @@ def test_law_check_removes_the_masked_ids() -> None:
     assert masked[0] == pytest.approx(reference[0]) and masked[1] == pytest.approx(reference[1])
     assert masked[2] == pytest.approx(reference[2])
     assert _without(logits, []) is logits
+
+
+def test_a_method_spec_can_fix_its_own_gamma() -> None:
+    """``gamma=`` in a spec fixes that method's γ whatever the grid's γ list holds; peers need
+    an integer, methods that do not draft refuse it, and the method never receives it."""
+    from verispec.bench.grid import expand_grid, parse_method
+
+    methods = [parse_method(s) for s in ("ar", "block", "llamacpp-spec[gamma=4,p_min=0.5]",
+                                         "token[gamma=auto]")]
+    configs = expand_grid(methods, [0.0], [None, 6])
+    got = {(c.method.label, c.gamma) for c in configs}
+    assert got == {("ar", 0), ("block", None), ("block", 6),
+                   ("llamacpp-spec[gamma=4,p_min=0.5]", 4), ("token[gamma=auto]", None)}
+    spec = methods[2]
+    assert spec.option_dict() == {"p_min": 0.5} and spec.fixed_gamma == (4,)
+    for bad, fragment in (("llamacpp-spec[gamma=auto]", "integer gamma"),
+                          ("ar[gamma=3]", "does not draft"), ("block[gamma=0]", ">= 1")):
+        with pytest.raises(ValueError, match=fragment):
+            parse_method(bad)

@@ -16,13 +16,13 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
+from verispec.engine.costs import measure_costs
 from verispec.engine.gamma import (
     AutoGamma,
     FixedGamma,
     GammaPolicy,
     PairHistory,
     PassCosts,
-    measure_costs,
 )
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import Method

@@ -6,7 +6,10 @@ later — e.g. ``pearl`` — work unchanged), a peer (``hf-ar``, ``hf-assisted``
 brackets: ``lossy[epsilon=0.05,residual=target]``, ``multidraft[num_drafts=4]``. A peer takes
 only the options of :data:`PEER_OPTIONS` (``llamacpp-spec[p_min=0.5]``: llama.cpp's
 ``--spec-draft-p-min``). The label (the whole spec) names the method in every report, so
-``llamacpp-spec[p_min=0],llamacpp-spec[p_min=0.5]`` are two methods of the grid.
+``llamacpp-spec[p_min=0],llamacpp-spec[p_min=0.5]`` are two methods of the grid. Any
+method that drafts also takes ``gamma=N`` (or ``gamma=auto`` for verispec's own methods),
+which fixes its γ whatever ``--gamma`` says: ``block,llamacpp-spec[gamma=4]`` with
+``--gamma auto`` runs block with γ auto and llama.cpp's speculation with 4 draft tokens.
 
 Methods that do not draft (``ar``, ``hf-ar``, ``hf-assisted-default``, whose drafting is
 transformers' own heuristic) run once per temperature with γ recorded as 0 (``ar``, ``hf-ar``)
@@ -38,6 +41,9 @@ __all__ = [
     "parse_temperatures",
     "split_list",
 ]
+
+#: The spec option that fixes a method's γ in the grid (``block[gamma=4]``).
+GAMMA_OPTION = "gamma"
 
 #: Peer systems measured in the same run: name -> (uses the draft model, follows the γ grid).
 PEERS: dict[str, tuple[bool, bool]] = {
@@ -102,7 +108,16 @@ class MethodSpec:
         return not self.is_peer and METHODS[self.name].batchable
 
     def option_dict(self) -> dict[str, Any]:
-        return dict(self.options)
+        """The options passed to the method or peer (``gamma`` is the grid's, not theirs)."""
+        return {k: v for k, v in self.options if k != GAMMA_OPTION}
+
+    @property
+    def fixed_gamma(self) -> tuple[int | None] | None:
+        """(γ,) where the spec fixes γ (None inside: ``auto``), else None."""
+        for k, v in self.options:
+            if k == GAMMA_OPTION:
+                return (v,)
+        return None
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,7 @@ def parse_method(spec: str) -> MethodSpec:
     name, options = parse_spec(spec)
     if name not in METHODS and name not in PEERS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEERS])}")
+    fixed = _fixed_gamma(name, options.pop(GAMMA_OPTION)) if GAMMA_OPTION in options else ()
     if name in PEERS:
         allowed = PEER_OPTIONS.get(name, {})
         for key, value in options.items():
@@ -144,7 +160,22 @@ def parse_method(spec: str) -> MethodSpec:
     else:
         build_method(name, **options)  # raises a clear error for an option it does not take
     return MethodSpec(label=spec.replace(" ", ""), name=name,
-                      options=tuple(sorted(options.items())))
+                      options=tuple(sorted(options.items())) + fixed)
+
+
+def _fixed_gamma(name: str, value: Any) -> tuple[tuple[str, int | None]]:
+    """The ``gamma=`` option of a spec, checked: an integer >= 1, or ``auto`` for a verispec
+    method that takes it."""
+    spec = MethodSpec(label=name, name=name)
+    if not spec.uses_gamma:
+        raise ValueError(f"{name} does not draft, so it takes no gamma")
+    if value == "auto":
+        if not spec.takes_auto:
+            raise ValueError(f"{name} needs an integer gamma (auto is verispec's own choice)")
+        return ((GAMMA_OPTION, None),)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"gamma must be an integer >= 1 or auto, got {value!r}")
+    return ((GAMMA_OPTION, value),)
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
@@ -213,8 +244,10 @@ def expand_grid(methods: list[MethodSpec], temperatures: list[float],
     configs: list[Config] = []
     for t in temperatures:
         for m in methods:
-            if m.uses_gamma:
-                gs: list[int | None] = [g for g in gammas if g is not None or m.takes_auto]
+            if m.fixed_gamma is not None:
+                gs: list[int | None] = list(m.fixed_gamma)
+            elif m.uses_gamma:
+                gs = [g for g in gammas if g is not None or m.takes_auto]
             else:
                 gs = [0 if m.name in ("ar", "hf-ar", "llamacpp-ar") else None]
             for g in gs:

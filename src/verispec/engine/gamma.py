@@ -7,14 +7,13 @@ verifier stays lossless with it (the tests prove it by exact enumeration).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from verispec.checks import check_positive
-from verispec.models.base import CausalLM
+from verispec.engine.costs import PassCosts, expected_tokens
 
 __all__ = ["AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts", "best_gamma",
-           "expected_tokens", "measure_costs"]
+           "expected_tokens"]
 
 
 class GammaPolicy(Protocol):
@@ -65,8 +64,6 @@ class FixedGamma:
         return str(self.gamma)
 
 
-#: Target pass sizes timed at start-up; costs in between are interpolated linearly.
-PROBE_SIZES = (1, 2, 4, 8, 16)
 #: The prior on the acceptance rate: α₀ with the weight of this many observed positions
 #: (α₀ is the pair's pooled acceptance over earlier requests once it has HISTORY_MIN positions).
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0
@@ -76,59 +73,6 @@ PROBE_EVERY = 16
 #: The draft reads a request's context at once when the time drafting is expected to save
 #: over this share of the token budget covers that reading.
 PAYBACK_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class PassCosts:
-    """Measured seconds of one target pass over k tokens, of one draft step and of the
-    draft's reading of a prompt.
-
-    Attributes:
-        target: k -> seconds, for the k timed (others are interpolated).
-        draft: seconds of one draft forward pass of one token.
-        draft_prefill: seconds per token of the draft's prefill of a prompt (0: free).
-    """
-
-    target: dict[int, float]
-    draft: float
-    draft_prefill: float = 0.0
-
-    def target_pass(self, k: int) -> float:
-        """Seconds of a target pass over k tokens (linear between timed sizes)."""
-        ks = sorted(self.target)
-        if k in self.target:
-            return self.target[k]
-        lo = max((x for x in ks if x < k), default=ks[0])
-        hi = min((x for x in ks if x > k), default=ks[-1])
-        if lo == hi:  # beyond the timed range: extend the last slope
-            lo, hi = ks[-2], ks[-1]
-        slope = (self.target[hi] - self.target[lo]) / (hi - lo)
-        return self.target[lo] + slope * (k - lo)
-
-    def v(self, k: int) -> float:
-        """V(k): a target pass over k tokens relative to one token."""
-        return self.target_pass(k) / self.target_pass(1)
-
-    @property
-    def c(self) -> float:
-        """c = target step / draft step."""
-        return self.target_pass(1) / self.draft
-
-    def iteration(self, gamma: int) -> float:
-        """Seconds of one iteration that drafts γ tokens: γ draft steps and a target pass
-        over γ + 1 tokens."""
-        return gamma * self.draft + self.target_pass(gamma + 1)
-
-    def saving(self, alpha: float, gamma: int) -> float:
-        """Seconds per token that drafting γ tokens at acceptance α saves over plain
-        decoding (negative: it costs)."""
-        return self.target_pass(1) - self.iteration(gamma) / expected_tokens(alpha, gamma)
-
-    def describe(self) -> str:
-        return (f"target {self.target_pass(1) * 1e3:.1f} ms per token, draft "
-                f"{self.draft * 1e3:.1f} ms (c = {self.c:.2f}), draft prefill "
-                f"{self.draft_prefill * 1e3:.2f} ms per prompt token; V(k) = "
-                + ", ".join(f"V({k}) {self.v(k):.2f}" for k in sorted(self.target) if k > 1))
 
 
 class PairHistory:
@@ -151,13 +95,6 @@ class PairHistory:
     def add(self, accepted: float, tested: float) -> None:
         self.accepted += accepted
         self.tested += tested
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[tokens per iteration] with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def best_gamma(alpha: float, costs: PassCosts, max_gamma: int) -> int:
@@ -188,8 +125,10 @@ class AutoGamma:
     would need the reading). So that a pessimistic prior cannot keep a pair from ever
     drafting, requests with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN``
     positions draft at least one token per iteration, from the first: they pay a prompt
-    reading to learn the pair's acceptance for the requests after them. γ depends only on the past, so every lossless verifier stays
-    lossless.
+    reading to learn the pair's acceptance for the requests after them. In a batch of
+    several rows the engine chooses every ``auto`` row's γ together from the measured cost of
+    a batched pass (:meth:`batch_bounds`, :mod:`verispec.engine.batch_gamma`). γ depends only
+    on the past, so every lossless verifier stays lossless.
     """
 
     def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0,
@@ -224,12 +163,7 @@ class AutoGamma:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
-            if gamma == 0:
-                return 0
-            reading = self.costs.draft_prefill * (self.context + self.emitted)
-            gain = self.costs.saving(self.alpha, gamma) * (self.emitted
-                                                          + PAYBACK_SHARE * self.budget)
-            if reading > gain:
+            if gamma == 0 or not self._reading_pays(gamma):
                 return 0
             self.drafting = True
         if gamma == 0:
@@ -241,6 +175,33 @@ class AutoGamma:
             self.idle = 0
         return gamma
 
+    def _reading_pays(self, gamma: int) -> bool:
+        """Whether the draft's reading of the context costs no more than drafting γ saves
+        over the tokens decoded so far plus PAYBACK_SHARE of the budget."""
+        reading = self.costs.draft_prefill * (self.context + self.emitted)
+        gain = self.costs.saving(self.alpha, gamma) * (self.emitted + PAYBACK_SHARE * self.budget)
+        return reading <= gain
+
+    def batch_bounds(self) -> tuple[int, int]:
+        """(floor, cap) of this request's γ when the engine chooses the draft lengths of a
+        whole batch (:mod:`verispec.engine.batch_gamma`), in place of :meth:`choose`.
+
+        The cap is ``max_gamma``, or 0 while the draft has not read the context and the
+        one-row estimate says the reading does not pay yet (as in :meth:`choose`); the
+        floor is ``min_gamma``, or 1 while the pair is new (it learns the pair's
+        acceptance). Unlike :meth:`choose` there is no periodic probe: a probe would lengthen
+        the pass of every row of the batch. A row the batch keeps at γ = 0 keeps its
+        estimate of α until it drafts again (alone, it probes as before)."""
+        if self.history is not None and self.history.tested < HISTORY_MIN:
+            self.drafting = True
+            return max(self.min_gamma, 1), self.max_gamma
+        if not self.drafting:
+            gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
+            if gamma == 0 or not self._reading_pays(gamma):
+                return 0, 0
+            self.drafting = True
+        return self.min_gamma, self.max_gamma
+
     def observe(self, drafted: int, accepted: int) -> None:
         tested = accepted + (1 if accepted < drafted else 0)
         self.emitted += accepted + 1
@@ -248,24 +209,3 @@ class AutoGamma:
         self.tested += tested
         if self.history is not None:
             self.history.add(accepted, tested)
-
-
-#: Repetitions of the start-up timing (interleaved, medians): enough that one slow phase
-#: of a busy 2-core machine does not decide c or V(k).
-TIMING_REPS = 5
-
-
-def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
-                  reps: int = TIMING_REPS) -> PassCosts:
-    """Time target passes over ``PROBE_SIZES`` tokens and a draft step after ``context``
-    tokens, in turns within each repetition (:func:`~verispec.models.timing.
-    interleaved_costs`), and the draft's prefill of ``context`` tokens (on spawned models:
-    the callers' rows are untouched)."""
-    from verispec.models.timing import interleaved_costs, prefill_cost
-
-    sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
-                  or context + k <= target.max_length)
-    timed, step = interleaved_costs([(target, sizes), (draft, (1,))], context=context,
-                                    reps=reps)
-    return PassCosts(target=dict(timed), draft=step[1],
-                     draft_prefill=prefill_cost(draft, context, reps=reps) / context)

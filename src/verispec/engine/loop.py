@@ -1,14 +1,16 @@
-"""The speculative decoding loop (Algorithm 3 of block-verification.txt), for a batch of
-requests; a single prompt is a batch of one. Each iteration, for every active row:
+"""The speculative decoding loop (Algorithm 3 of *Block Verification Accelerates Speculative
+Decoding*, Sun et al., ICLR 2025), for a batch of requests; a single prompt is a batch of one.
+Each iteration, for every active row:
 
-1. **Draft** γ_b = min(γ policy, room_b − 1) tokens (M drafts for multi-draft methods).
+1. **Draft** γ_b = min(γ policy, room_b − 1) tokens (M drafts for multi-draft methods);
+   ``auto`` rows of a batch get theirs from :mod:`verispec.engine.batch_gamma`.
 2. **Score** the pending token and the block(s) of every row in one target forward pass.
 3. **Verify**: each method verifies all of its rows in one call and returns τ_b and Y_b.
 4. **Accept** X_1..X_τ, Y (truncated at the first EOS and at the budget), roll every row of
    the target back to its accepted prefix and tell the drafters what was kept.
 
-Rows join (:meth:`Engine.submit`) and leave (EOS, budget, context window,
-:meth:`Engine.cancel`) between iterations: continuous batching. γ = 0 is plain
+Rows join (:meth:`Engine.submit`) and leave (EOS unless the request ignores it, budget,
+context window, :meth:`Engine.cancel`) between iterations: continuous batching. γ = 0 is plain
 autoregressive decoding through the same code (``ar``). Every random decision of a row comes
 from its own :class:`~verispec.sampling.Randomness` in the same order whatever its batch,
 so its output with a seed does not depend on the other rows (exactly on the float64 toy
@@ -27,10 +29,12 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Draft
+from verispec.engine.batch_gamma import choose_gammas
 from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
 from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
 from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM
+from verispec.telemetry.clock import now
 from verispec.verify import VerifyResult
 
 __all__ = ["Engine", "PhaseClock", "generate_one"]
@@ -103,7 +107,7 @@ class Engine:
         self._admit()
         rows = self.active
         if rows:
-            gammas = [min(r.request.gamma.choose(), self._room(r) - 1) for r in rows]  # type: ignore[union-attr]
+            gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows])
             t0 = self.clock()
             drafts = self._draft(rows, gammas)  # 1. draft
             t1 = self.clock()
@@ -153,8 +157,9 @@ class Engine:
         for row, d, tau, branch, result in zip(rows, drafts, taus, branches, results, strict=True):
             y = int(result.next_token[0])
             room = self._room(row)
-            new, row.stats.stop_reason = accept_tokens(
-                d.tokens[branch, :tau].tolist() + [y], self.target.eos_token_ids, room)
+            eos = frozenset() if row.request.ignore_eos else self.target.eos_token_ids
+            new, row.stats.stop_reason = accept_tokens(d.tokens[branch, :tau].tolist() + [y],
+                                                       eos, room)
             if row.stats.stop_reason == "max_new_tokens" and \
                     len(row.emitted) + len(new) < row.request.max_new_tokens:
                 row.stats.stop_reason = "context_window"  # the room was the window's
@@ -198,7 +203,7 @@ class Engine:
         for drafter, idx in _groups(new, lambda r: r.request.drafter).items():
             if drafter is not None:
                 drafter.admit([new[i] for i in idx])
-        prefill = self.clock() - t0
+        prefill = now(self.target.device) - t0  # synchronised: the prompt reading's time
         self.times["prefill"] += prefill
         for row in new:
             row.stats.prefill_calls = int(len(row.context) > 1)
@@ -209,7 +214,7 @@ class Engine:
         gone = [r for r in self.active if r.done or r.cancelled]
         if not gone:
             return []
-        end = self.clock() if self.clock.sync else _now(self.target.device)
+        end = self.clock() if self.clock.sync else now(self.target.device)
         for row in gone:
             if row.cancelled and not row.done:
                 row.stats.stop_reason = "cancelled"
@@ -256,12 +261,6 @@ class Engine:
 def generate_one(target: CausalLM, request: Request, *, profile: bool = False) -> GenerationOutput:
     """Decode one request alone (a batch of one)."""
     return Engine(target, profile=profile).run([request])[0]
-
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _groups(rows: Sequence[Row], key: Callable[[Row], K]) -> dict[K, list[int]]:

@@ -1,4 +1,4 @@
-"""Cost of one forward pass as a function of the tokens it scores."""
+"""Cost of one forward pass as a function of the rows and tokens it scores."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from verispec.models.base import CausalLM
 
-__all__ = ["interleaved_costs", "pass_costs", "prefill_cost"]
+__all__ = ["grid_costs", "interleaved_costs", "pass_costs", "prefill_cost"]
 
 
 def pass_costs(model: CausalLM, context: int = 200, ks: Sequence[int] = tuple(range(1, 10)),
@@ -30,26 +30,45 @@ def interleaved_costs(models: Sequence[tuple[CausalLM, Sequence[int]]], context:
     """:func:`pass_costs` of several models (each with its own ks) timed in turns: every
     repetition times each model's passes once, so a busy minute slows all of them alike and
     their ratios (a pair's c and V(k)) stay steady."""
+    grids = grid_costs([(model, [(1, k) for k in ks]) for model, ks in models], context, reps,
+                       warmup=warmup, seed=seed)
+    return [{k: t[(1, k)] for k in ks} for t, (_, ks) in zip(grids, models, strict=True)]
+
+
+def grid_costs(models: Sequence[tuple[CausalLM, Sequence[tuple[int, int]]]], context: int = 200,
+               reps: int = 5, *, warmup: int = 1, seed: int = 0,
+               ) -> list[dict[tuple[int, int], float]]:
+    """Median seconds of one ``extend`` of k tokens into each of R rows, for every shape
+    (R, k) given per model, timed in turns as in :func:`interleaved_costs`.
+
+    Each model gets one spawned twin per row count, its R rows prefilled with ``context``
+    random tokens; every pass (random ids, [R, k]) is rolled back before the next."""
     g = torch.Generator().manual_seed(seed)
-    twins = []
-    for model, _ in models:
-        twin = model.spawn()
-        twin.add_rows([torch.randint(model.vocab_size, (context,), generator=g).tolist()])
-        twins.append(twin)
-    times: list[dict[int, list[float]]] = [{k: [] for k in ks} for _, ks in models]
+    twins: list[dict[int, CausalLM]] = []
+    for model, shapes in models:
+        mine = {}
+        for rows in sorted({r for r, _ in shapes}):
+            twin = model.spawn()
+            twin.add_rows([torch.randint(model.vocab_size, (context,), generator=g).tolist()
+                           for _ in range(rows)])
+            mine[rows] = twin
+        twins.append(mine)
+    times: list[dict[tuple[int, int], list[float]]] = [{s: [] for s in shapes}
+                                                       for _, shapes in models]
     for rep in range(warmup + reps):
-        for twin, (_, ks), out in zip(twins, models, times, strict=True):
-            for k in ks:
-                new = torch.randint(twin.vocab_size, (k,), generator=g).tolist()
+        for mine, (_, shapes), out in zip(twins, models, times, strict=True):
+            for rows, k in shapes:
+                twin = mine[rows]
+                new = torch.randint(twin.vocab_size, (rows, k), generator=g)  # [R, k]
                 start = time.perf_counter()
-                logits = twin.extend([new])
+                logits = twin.extend(new)
                 if logits.device.type == "cuda":
                     torch.cuda.synchronize(logits.device)
                 elapsed = time.perf_counter() - start
                 twin.rollback(context)
                 if rep >= warmup:
-                    out[k].append(elapsed)
-    return [{k: statistics.median(v) for k, v in t.items()} for t in times]
+                    out[(rows, k)].append(elapsed)
+    return [{s: statistics.median(v) for s, v in t.items()} for t in times]
 
 
 def prefill_cost(model: CausalLM, context: int = 200, reps: int = 3, *, seed: int = 0) -> float:

@@ -1,0 +1,289 @@
+"""What a batched iteration costs: target passes over R rows of k tokens, draft steps over R
+rows, measured once per machine and model pair and kept on disk.
+
+The engine's target pass pads every row to the longest block (both model back ends run an
+[R, k_max] pass), so an iteration whose rows draft γ_1..γ_R tokens costs one target pass of
+shape (R, max γ + 1) and max γ draft steps over the R rows. :class:`BatchCosts` holds the
+pass times on a grid of (R, k) and interpolates between grid points; its R = 1 slice is the
+single-row :class:`PassCosts` (with :func:`expected_tokens`, the i.i.d. model both γ policies use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from verispec.models.base import CausalLM
+
+__all__ = [
+    "BATCH_MAX_K",
+    "BATCH_ROWS",
+    "PROBE_SIZES",
+    "BatchCosts",
+    "PassCosts",
+    "cost_key",
+    "expected_tokens",
+    "grid_shapes",
+    "load_or_measure",
+    "machine_signature",
+    "measure_costs",
+    "timing_file",
+]
+
+#: Target pass sizes timed at start-up; costs in between are interpolated linearly.
+PROBE_SIZES = (1, 2, 4, 8, 16)
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per iteration] with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Measured seconds of one target pass over k tokens, of one draft step and of the
+    draft's reading of a prompt.
+
+    Attributes:
+        target: k -> seconds, for the k timed (others are interpolated).
+        draft: seconds of one draft forward pass of one token.
+        draft_prefill: seconds per token of the draft's prefill of a prompt (0: free).
+        batch: the pair's costs over batches of rows, of which these are the one-row slice
+            (None: measured for one row only; batch choices then fall back to per-row ones).
+    """
+
+    target: dict[int, float]
+    draft: float
+    draft_prefill: float = 0.0
+    batch: BatchCosts | None = field(default=None, compare=False, repr=False)
+
+    def target_pass(self, k: int) -> float:
+        """Seconds of a target pass over k tokens (linear between timed sizes)."""
+        ks = sorted(self.target)
+        if k in self.target:
+            return self.target[k]
+        lo = max((x for x in ks if x < k), default=ks[0])
+        hi = min((x for x in ks if x > k), default=ks[-1])
+        if lo == hi:  # beyond the timed range: extend the last slope
+            lo, hi = ks[-2], ks[-1]
+        slope = (self.target[hi] - self.target[lo]) / (hi - lo)
+        return self.target[lo] + slope * (k - lo)
+
+    def v(self, k: int) -> float:
+        """V(k): a target pass over k tokens relative to one token."""
+        return self.target_pass(k) / self.target_pass(1)
+
+    @property
+    def c(self) -> float:
+        """c = target step / draft step."""
+        return self.target_pass(1) / self.draft
+
+    def iteration(self, gamma: int) -> float:
+        """Seconds of one iteration that drafts γ tokens: γ draft steps and a target pass
+        over γ + 1 tokens."""
+        return gamma * self.draft + self.target_pass(gamma + 1)
+
+    def saving(self, alpha: float, gamma: int) -> float:
+        """Seconds per token that drafting γ tokens at acceptance α saves over plain
+        decoding (negative: it costs)."""
+        return self.target_pass(1) - self.iteration(gamma) / expected_tokens(alpha, gamma)
+
+    def describe(self) -> str:
+        return (f"target {self.target_pass(1) * 1e3:.1f} ms per token, draft "
+                f"{self.draft * 1e3:.1f} ms (c = {self.c:.2f}), draft prefill "
+                f"{self.draft_prefill * 1e3:.2f} ms per prompt token; V(k) = "
+                + ", ".join(f"V({k}) {self.v(k):.2f}" for k in sorted(self.target) if k > 1)
+                + ("" if self.batch is None else "; " + self.batch.describe()))
+
+
+#: Row counts timed at start-up; batches in between (or beyond) are interpolated
+#: (extrapolated along the last slope).
+BATCH_ROWS = (1, 2, 4, 8)
+#: Tokens per row timed for batches of more than one row (longer blocks are extrapolated:
+#: a batched pass is compute bound well before that, so its time grows linearly).
+BATCH_MAX_K = 8
+#: Version of the on-disk record; a record of another version is measured again.
+RECORD_VERSION = 1
+
+
+def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear y(x) through sorted points xs, extended along the end slopes."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """Measured seconds of batched passes.
+
+    Attributes:
+        target: (R, k) -> seconds of one target pass appending k tokens to each of R rows
+            (every timed R with at least two timed k, or one k = 1).
+        draft: R -> seconds of one draft step (one token into each of R rows).
+        draft_prefill: seconds per token of the draft's prefill of a prompt (0: free).
+    """
+
+    target: dict[tuple[int, int], float]
+    draft: dict[int, float]
+    draft_prefill: float = 0.0
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        return tuple(sorted({r for r, _ in self.target}))
+
+    def ks(self, rows: int = 1) -> tuple[int, ...]:
+        """The k timed with ``rows`` rows."""
+        return tuple(sorted(k for r, k in self.target if r == rows))
+
+    def target_pass(self, rows: int, k: int) -> float:
+        """Seconds of a target pass over ``rows`` rows of k tokens: linear in k at every
+        timed row count, then linear in the rows between them (bilinear on a full grid)."""
+        at_rows = [_interp(ks, [self.target[(r, x)] for x in ks], k)
+                   for r in self.rows for ks in [self.ks(r)]]
+        return _interp(self.rows, at_rows, rows)
+
+    def draft_step(self, rows: int) -> float:
+        """Seconds of one draft step over ``rows`` rows (linear between timed counts)."""
+        rs = sorted(self.draft)
+        return _interp(rs, [self.draft[r] for r in rs], rows)
+
+    def iteration(self, rows: int, gamma: int) -> float:
+        """Seconds of one iteration of ``rows`` rows whose longest draft is γ tokens: γ
+        draft steps over the rows and one padded target pass over γ + 1 tokens per row."""
+        return gamma * self.draft_step(rows) + self.target_pass(rows, gamma + 1)
+
+    def single(self) -> PassCosts:
+        """The R = 1 slice as single-row costs, this grid attached for batch choices."""
+        return PassCosts(target={k: self.target[(1, k)] for k in self.ks(1)},
+                         draft=self.draft_step(1), draft_prefill=self.draft_prefill,
+                         batch=self)
+
+    def describe(self) -> str:
+        """How a pass grows with rows: T(R, 1) / T(1, 1) and, at the most rows timed, V(k)."""
+        top = self.rows[-1]
+        return ("batched target pass T(R, 1) / T(1, 1): "
+                + ", ".join(f"R={r} {self.target_pass(r, 1) / self.target_pass(1, 1):.2f}"
+                            for r in self.rows if r > 1)
+                + f"; at R={top}: " + ", ".join(
+                    f"V({k}) {self.target_pass(top, k) / self.target_pass(top, 1):.2f}"
+                    for k in self.ks(top) if k > 1))
+
+    def to_json(self) -> dict[str, object]:
+        return {"target": [[r, k, t] for (r, k), t in sorted(self.target.items())],
+                "draft": [[r, t] for r, t in sorted(self.draft.items())],
+                "draft_prefill": self.draft_prefill}
+
+    @classmethod
+    def from_json(cls, data: dict) -> BatchCosts:  # type: ignore[type-arg]
+        return cls(target={(int(r), int(k)): float(t) for r, k, t in data["target"]},
+                   draft={int(r): float(t) for r, t in data["draft"]},
+                   draft_prefill=float(data["draft_prefill"]))
+
+
+def machine_signature(device: torch.device, int8: bool = False) -> str:
+    """What pass times depend on besides the models: torch, the CPU (model, cores, threads
+    in use), the accelerator, and for int8 weights the kernel signature."""
+    from verispec.telemetry.machine import cpu_info
+
+    parts = [torch.__version__, platform.machine(), cpu_info().model_name,
+             str(os.cpu_count()), str(torch.get_num_threads()), device.type]
+    if device.type == "cuda":
+        parts.append(torch.cuda.get_device_name(device))
+    if int8:
+        try:
+            from verispec.models.native.kernels import signature
+
+            parts.append(signature())
+        except (ImportError, RuntimeError, OSError):
+            parts.append("no-kernel-signature")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def grid_shapes(rows: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]:
+    """The (R, k) timed: every k for one row, k up to :data:`BATCH_MAX_K` for more."""
+    return [(r, k) for r in sorted(set(rows)) for k in sorted(set(ks))
+            if r == 1 or k <= BATCH_MAX_K]
+
+
+def cost_key(target: CausalLM, draft: CausalLM, *, context: int,
+             shapes: Sequence[tuple[int, int]]) -> str:
+    """The name of a pair's record: model names and precisions, the machine and the grid."""
+    int8 = "int8" in (target.precision, draft.precision)
+    text = "|".join([target.name, target.precision, draft.name, draft.precision,
+                     machine_signature(target.device, int8), f"context={context}",
+                     "shapes=" + ",".join(f"{r}x{k}" for r, k in shapes), f"v{RECORD_VERSION}"])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def timing_file(key: str) -> Path:
+    from verispec.models.fetch import cache_dir
+
+    return cache_dir() / "timing" / f"pass-costs-{key}.json"
+
+
+def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: int,
+                    rows: Sequence[int], ks: Sequence[int], refresh: bool = False) -> BatchCosts:
+    """The pair's :class:`BatchCosts`: read from its record when one exists for this key
+    (models, precisions, machine, grid), else timed (target passes over :func:`grid_shapes`
+    and draft steps over ``rows``, in turns, and the draft's prefill of ``context`` tokens)
+    and recorded. ``refresh`` times again whatever is recorded."""
+    shapes = grid_shapes(rows, ks)
+    file = timing_file(cost_key(target, draft, context=context, shapes=shapes))
+    if not refresh:
+        try:
+            return BatchCosts.from_json(json.loads(file.read_text())["costs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    from verispec.models.timing import grid_costs, prefill_cost
+
+    steps = sorted(set(rows))
+    timed, step = grid_costs([(target, shapes), (draft, [(r, 1) for r in steps])],
+                             context=context, reps=reps)
+    costs = BatchCosts(target=timed, draft={r: step[(r, 1)] for r in steps},
+                       draft_prefill=prefill_cost(draft, context, reps=reps) / context)
+    record = {"target": target.name, "draft": draft.name, "context": context,
+              "costs": costs.to_json()}
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(file)  # atomic: a concurrent reader sees the old record or the new
+    except OSError:
+        pass
+    return costs
+
+
+#: Repetitions of the start-up timing (interleaved, medians): enough that one slow phase
+#: of a busy 2-core machine does not decide c or V(k).
+TIMING_REPS = 5
+
+
+def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
+                  reps: int = TIMING_REPS, rows: Sequence[int] | None = None,
+                  refresh: bool = False) -> PassCosts:
+    """Time target passes over R rows of k tokens (R in ``rows``, default
+    :data:`BATCH_ROWS`; k in ``PROBE_SIZES``) and draft steps
+    over R rows after ``context`` tokens, in turns within each repetition
+    (:func:`~verispec.models.timing.grid_costs`), and the draft's prefill of ``context``
+    tokens (on spawned models: the callers' rows are untouched). The times are recorded
+    under the cache directory, keyed by the models, their precisions and the machine, and
+    read back by later calls (``refresh``: time again). Returns the one-row costs with the
+    batch grid attached (:attr:`PassCosts.batch`)."""
+    sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
+                  or context + k <= target.max_length)
+    grid_rows = tuple(sorted({1, *(BATCH_ROWS if rows is None else rows)}))
+    return load_or_measure(target, draft, context=context, reps=reps, rows=grid_rows,
+                           ks=sizes, refresh=refresh).single()

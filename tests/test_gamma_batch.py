@@ -1,0 +1,220 @@
+"""``--gamma auto`` in a batch: the draft lengths of all rows are chosen together from the
+measured cost of a batched pass, with no batch-size constant — whether speculation pays at
+8 rows follows from the cost grid alone; the choice keeps every lossless method exact; the
+pass costs are timed once per key and read back from disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from torch import Tensor
+
+from verispec.api import make_drafter
+from verispec.checks import TOLERANCE
+from verispec.engine import loop
+from verispec.engine.batch_gamma import RowDemand, batch_choice, choose_gammas
+from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
+from verispec.engine.gamma import AutoGamma, PassCosts
+from verispec.engine.loop import Engine
+from verispec.engine.protocols import SingleDraftMethod
+from verispec.engine.request import Request
+from verispec.methods import build_method
+from verispec.models import timing
+from verispec.models.toy import RandomContextLM
+from verispec.sampling import Randomness, Sampling
+from verispec.theory.exact import target_law, tv_distance
+from verispec.theory.replay import engine_law, marginal
+from verispec.verify import VerifyPlan, token_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROWS, KS = (1, 2, 4, 8), (1, 2, 4, 8, 16)
+#: One draft step over R rows: nearly flat in R, as for a small draft model.
+DRAFT_STEP = {r: 0.02 + 0.002 * r for r in ROWS}
+#: The acceptance rate of every row in the flip test.
+ALPHA = 0.8
+MAX_GAMMA = 4
+
+
+def _grid(seconds: Callable[[int, int], float]) -> BatchCosts:
+    return BatchCosts(target={(r, k): seconds(r, k) for r in ROWS for k in KS}, draft=DRAFT_STEP)
+
+
+#: A target pass that barely grows with rows × tokens (a wide accelerator).
+FLAT = _grid(lambda r, k: 1.0 + 0.02 * r * k)
+#: A target pass that grows linearly with rows × tokens (compute bound, as on a CPU).
+LINEAR = _grid(lambda r, k: 0.2 + 0.1 * r * k)
+#: In between: at 2 and 3 rows, drafting pays from an acceptance rate of about one half.
+BALANCED = _grid(lambda r, k: 0.3 + 0.1 * r * k)
+
+
+def _choice(costs: BatchCosts, rows: int, alpha: float = ALPHA) -> list[int]:
+    return batch_choice([RowDemand(alpha, 0, MAX_GAMMA)] * rows, costs)
+
+
+def test_whether_a_batch_speculates_follows_the_measured_costs() -> None:
+    """At 8 rows the flat grid still drafts and the linear one decodes plainly; alone, a
+    request drafts under both (the one-row choice of ``AutoGamma`` agrees)."""
+    assert all(g > 0 for g in _choice(FLAT, 8))
+    assert _choice(LINEAR, 8) == [0] * 8
+    for costs in (FLAT, LINEAR):
+        assert _choice(costs, 1)[0] > 0
+        policy = AutoGamma(costs.single(), max_gamma=MAX_GAMMA)
+        for _ in range(20):
+            policy.observe(MAX_GAMMA, MAX_GAMMA if _ % 5 else 0)  # α ≈ 0.8
+        assert policy.choose() > 0
+
+
+def test_batch_costs_interpolate_and_slice() -> None:
+    """Grid points are returned as timed, points between them linearly, and the one-row
+    slice is a :class:`PassCosts` carrying the grid."""
+    assert LINEAR.target_pass(4, 8) == pytest.approx(0.2 + 0.1 * 32)
+    assert LINEAR.target_pass(3, 3) == pytest.approx(0.2 + 0.1 * 9)  # bilinear: exact here
+    assert LINEAR.target_pass(16, 1) == pytest.approx(0.2 + 0.1 * 16)  # extrapolated
+    halfway = DRAFT_STEP[4] + (DRAFT_STEP[8] - DRAFT_STEP[4]) / 2
+    assert LINEAR.draft_step(6) == pytest.approx(halfway)
+    single = LINEAR.single()
+    assert single.target == {k: pytest.approx(0.2 + 0.1 * k) for k in KS}
+    assert single.draft == DRAFT_STEP[1] and single.batch is LINEAR
+    assert BatchCosts.from_json(LINEAR.to_json()) == LINEAR
+
+
+def test_batch_choice_respects_floors_caps_and_fixed_rows() -> None:
+    demands = [RowDemand(0.9, 0, 2), RowDemand(0.1, 1, 3), RowDemand(0.9, 0, 0),
+               RowDemand(0.5, 0, 3, fixed=True)]
+    got = batch_choice(demands, FLAT)
+    assert got[0] <= 2 and got[1] >= 1 and got[2] == 0 and got[3] == 3
+    assert batch_choice([RowDemand(0.3, 0, 0)] * 3, LINEAR) == [0, 0, 0]
+
+
+def _rows(policies: Sequence[object]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(request=SimpleNamespace(gamma=p), num_drafts=1) for p in policies]
+
+
+def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:
+    """A batch of one, and ``auto`` rows measured for one row only, are given exactly what
+    :meth:`AutoGamma.choose` gives, capped by the room."""
+    one_row = PassCosts(target=LINEAR.single().target, draft=DRAFT_STEP[1])
+    for costs, rows in [(LINEAR.single(), 1), (one_row, 3)]:
+        mine = [AutoGamma(costs, max_gamma=MAX_GAMMA) for _ in range(rows)]
+        twins = [AutoGamma(costs, max_gamma=MAX_GAMMA) for _ in range(rows)]
+        for step in range(24):
+            caps = [MAX_GAMMA - (step + b) % 3 for b in range(rows)]
+            got = choose_gammas(_rows(mine), caps)  # type: ignore[arg-type]
+            assert got == [min(t.choose(), c) for t, c in zip(twins, caps, strict=True)]
+            for p, t, g in zip(mine, twins, got, strict=True):
+                p.observe(g, g if step % 4 else 0)
+                t.observe(g, g if step % 4 else 0)
+
+
+class _TargetResidual(SingleDraftMethod):
+    """A deliberately wrong verifier: token acceptance, but Y ~ p after a rejection."""
+
+    def __init__(self) -> None:
+        def plan(p: Tensor, q: Tensor, x: Tensor, lengths: Tensor | None = None) -> VerifyPlan:
+            good = token_plan(p, q, x, lengths=lengths)
+            return VerifyPlan(good.accept_probs, p, good.rule, good.lengths)
+
+        super().__init__("token", plan)
+
+
+def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequence[int]],
+                       budgets: Sequence[int], costs: PassCosts, batch_size: int,
+                       ) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
+                                  RandomContextLM]:
+    target, draft = RandomContextLM(2, seed=41), RandomContextLM(2, seed=42)
+    m = build_method(method) if isinstance(method, str) else method
+
+    def run(randoms: Sequence[Randomness]) -> list[list[int]]:
+        maker = make_drafter(target, draft.spawn(), m)
+        engine = Engine(target.spawn(), batch_size=batch_size)
+        reqs = [Request(list(p), m, m.adjust_sampling(Sampling()), n, r,
+                        AutoGamma(costs, max_gamma=3), maker)
+                for p, n, r in zip(prompts, budgets, randoms, strict=True)]
+        return [o.tokens for o in engine.run(reqs)]
+
+    return run, target
+
+
+#: Batches of two and three rows (prompts, budgets).
+BATCHES = {2: ([[0, 1, 1], [1]], [3, 3]), 3: ([[0, 1, 1], [1], [0]], [2, 3, 2])}
+
+
+@pytest.mark.parametrize("rows", sorted(BATCHES))
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_batch_chosen_gamma_stays_exact(method: str, rows: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` rows whose γ the batch policy chooses from all rows' acceptances (so it
+    moves between 0 and drafting as they accept or reject): the joint law of their outputs
+    is the product of the target laws."""
+    assert _choice(BALANCED, rows, 0.3)[0] == 0 < _choice(BALANCED, rows, 0.9)[0]
+    seen: set[tuple[int, ...]] = set()
+    real = loop.choose_gammas
+
+    def spy(rows: Sequence[object], caps: Sequence[int]) -> list[int]:
+        got = real(rows, caps)  # type: ignore[arg-type]
+        if len(rows) > 1:
+            seen.add(tuple(got))
+        return got
+
+    monkeypatch.setattr(loop, "choose_gammas", spy)
+    prompts, budgets = BATCHES[rows]
+    run, target = _auto_batch_runner(method, prompts, budgets, BALANCED.single(), rows)
+    law = engine_law(run, rows=rows)
+    assert any(max(g) == 0 for g in seen) and any(max(g) > 0 for g in seen)
+    want: dict[tuple[tuple[int, ...], ...], float] = {(): 1.0}
+    for p, n in zip(prompts, budgets, strict=True):
+        want = {(*k, kb): pk * pb for k, pk in want.items()
+                for kb, pb in target_law(target, p, Sampling(), n).items()}
+    assert abs(sum(law.values()) - 1) < TOLERANCE * 10
+    assert max(abs(law.get(k, 0.0) - want.get(k, 0.0)) for k in set(law) | set(want)) < TOLERANCE
+
+
+def test_the_batched_harness_catches_a_biased_verifier() -> None:
+    """Negative control: the same batches under the batch policy with a verifier that draws
+    Y from p after a rejection are told apart from the target."""
+    prompts, budgets = BATCHES[2]
+    run, target = _auto_batch_runner(_TargetResidual(), prompts, budgets, BALANCED.single(), 2)
+    law = engine_law(run, rows=2)
+    assert max(tv_distance(marginal(law, b), target_law(target, p, Sampling(), n))
+               for b, (p, n) in enumerate(zip(prompts, budgets, strict=True))) > 1e-3
+
+
+def _named(model: RandomContextLM, name: str) -> RandomContextLM:
+    model.name = name
+    return model
+
+
+def test_pass_costs_are_timed_once_per_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second measurement with the same models, machine and grid reads the record
+    (no timing); another key is timed again."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    calls: list[int] = []
+    real = timing.grid_costs
+
+    def counted(*args: object, **kw: object) -> object:
+        calls.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(timing, "grid_costs", counted)
+    target, draft = _named(RandomContextLM(3, seed=1), "target-a"), \
+        _named(RandomContextLM(3, seed=2), "draft-a")
+    first = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 1 and first.batch is not None
+    assert sorted(first.target) == list(PROBE_SIZES) and first.batch.rows == (1, 2)
+    assert first.batch.ks(2) == tuple(k for k in PROBE_SIZES if k <= BATCH_MAX_K)
+    assert list((tmp_path / "timing").glob("*.json"))
+    again = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 1 and again == first and again.batch == first.batch
+    other = _named(RandomContextLM(3, seed=2), "draft-b")
+    measure_costs(target, other, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 2
+    measure_costs(target, draft, context=8, reps=1, rows=(1, 2, 4))
+    assert len(calls) == 3
+    measure_costs(target, draft, context=8, reps=1, rows=(1, 2), refresh=True)
+    assert len(calls) == 4
+    assert timing_file("x").parent == tmp_path / "timing"
