@@ -408,3 +408,15 @@ def test_a_method_spec_can_fix_its_own_gamma() -> None:
                           ("ar[gamma=3]", "does not draft"), ("block[gamma=0]", ">= 1")):
         with pytest.raises(ValueError, match=fragment):
             parse_method(bad)
+
+
+def test_no_hf_drops_only_the_transformers_peers() -> None:
+    """``--no-hf`` removes hf-* and keeps the llama.cpp peers and verispec's methods."""
+    from verispec.bench.run import settings_from_args
+    from verispec.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "--methods", "ar,block,hf-ar,hf-assisted,llamacpp-ar,llamacpp-spec[gamma=4]",
+         "--no-hf"])
+    labels = [m.label for m in settings_from_args(args).methods]
+    assert labels == ["ar", "block", "llamacpp-ar", "llamacpp-spec[gamma=4]"]

@@ -16,7 +16,7 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
-from verispec.engine.costs import measure_costs
+from verispec.engine.costs import BATCH_ROWS, measure_costs
 from verispec.engine.gamma import (
     AutoGamma,
     FixedGamma,
@@ -198,7 +198,8 @@ def _check_gamma(info: MethodInfo, gamma: int | str | None) -> int | str:
     return gamma if info.uses_draft or info.runner is not None else 0
 
 
-_COSTS: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM, PassCosts]] = \
+_COSTS: weakref.WeakKeyDictionary[
+    CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[tuple[int, ...], PassCosts]]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -206,12 +207,16 @@ _HISTORY: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM
     = weakref.WeakKeyDictionary()
 
 
-def pair_costs(target: CausalLM, draft: CausalLM) -> PassCosts:
-    """The pair's measured pass costs (V(k), c), timed once per pair and process."""
+def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
+    """The pair's measured pass costs (V(k), c), with the batched grid up to ``rows`` rows
+    (:data:`~verispec.engine.costs.BATCH_ROWS` below it, and ``rows`` itself), timed once
+    per machine, pair and grid (kept on disk) and held per process."""
+    grid = tuple(sorted({1, rows, *(r for r in BATCH_ROWS if r < rows)}))
     per_draft = _COSTS.setdefault(target, weakref.WeakKeyDictionary())
-    if draft not in per_draft:
-        per_draft[draft] = measure_costs(target, draft)
-    return per_draft[draft]
+    held = per_draft.setdefault(draft, {})
+    if grid not in held:
+        held[grid] = measure_costs(target, draft, rows=grid)
+    return held[grid]
 
 
 def pair_history(target: CausalLM, draft: CausalLM) -> PairHistory:
@@ -220,14 +225,15 @@ def pair_history(target: CausalLM, draft: CausalLM) -> PairHistory:
         draft, PairHistory())
 
 
-def _policy(plan: _Plan) -> GammaPolicy:
-    """A fresh γ policy for one request (``auto`` keeps per-request acceptance)."""
+def _policy(plan: _Plan, rows: int = 1) -> GammaPolicy:
+    """A fresh γ policy for one request (``auto`` keeps per-request acceptance; ``rows``: the
+    most rows its engine decodes together, the extent of the timed batch grid)."""
     if plan.drafter is None:
         return FixedGamma(0)
     if plan.gamma == "auto":
         if plan.pair.draft is None:
             raise ValueError("gamma='auto' times the draft model; the n-gram drafter has none")
-        return AutoGamma(pair_costs(plan.pair.target, plan.pair.draft),
+        return AutoGamma(pair_costs(plan.pair.target, plan.pair.draft, rows),
                          min_gamma=1 if plan.method.needs_next_probs else 0,
                          history=pair_history(plan.pair.target, plan.pair.draft))
     assert isinstance(plan.gamma, int)
@@ -368,7 +374,8 @@ def generate_batch(
         callback = None if on_tokens is None else _indexed(on_tokens, i)
         requests.append(Request(encode_prompt(tgt, p), plan.method, plan.sampling, n,
                                 Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
-                                _policy(plan), plan.drafter, callback, ignore_eos=ignore_eos))
+                                _policy(plan, engine.batch_size), plan.drafter, callback,
+                                ignore_eos=ignore_eos))
     start = time.perf_counter()
     with EnergyMeter(tgt.device) as meter:
         rows = [engine.submit(r) for r in requests]

@@ -98,7 +98,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     """:class:`BenchSettings` from the ``verispec bench`` options."""
     methods = parse_methods(args.methods)
     if not args.hf:
-        methods = [m for m in methods if not m.is_peer]
+        methods = [m for m in methods if not m.name.startswith("hf-")]  # the transformers peers
         if not methods:
             raise ValueError("--no-hf left no method to run")
     return BenchSettings(

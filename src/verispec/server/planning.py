@@ -214,7 +214,8 @@ class Planner:
         """The engine request of a plan (scheduler thread: it may time the pair)."""
         drafter = self._drafter(plan)
         pair = Pair(self.target, self.draft if plan.needs_draft else None)
-        policy = _policy(_Plan(plan.info, plan.method, plan.sampling, plan.gamma, pair, drafter))
+        policy = _policy(_Plan(plan.info, plan.method, plan.sampling, plan.gamma, pair, drafter),
+                         self.config.max_batch)
         random = Randomness(torch.Generator(device=self.target.device).manual_seed(plan.seed))
         return Request(list(plan.prompt_ids), plan.method, plan.sampling, plan.max_tokens,
                        random, policy, drafter, on_tokens)
