@@ -103,7 +103,8 @@ class PassCosts:
                 f"{self.draft * 1e3:.1f} ms (c = {self.c:.2f}), draft prefill "
                 f"{self.draft_prefill * 1e3:.2f} ms per prompt token; V(k) = "
                 + ", ".join(f"V({k}) {self.v(k):.2f}" for k in sorted(self.target) if k > 1)
-                + ("" if self.batch is None else "; " + self.batch.describe()))
+                + ("" if self.batch is None or len(self.batch.rows) < 2
+                   else "; " + self.batch.describe()))
 
 
 #: Row counts timed at start-up; batches in between (or beyond) are interpolated
