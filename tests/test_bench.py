@@ -478,7 +478,7 @@ def test_cli_bench_with_legacy_aliases(tmp_path: Path, toy_suite: Path):
     assert summary["meta"]["prompts_per_category"] == {"alpha": 1, "beta": 1}
     meta = summary["meta"]
     assert meta["precision_note"] == "target float64, draft float64"
-    assert meta["dtype_note"] == meta["precision_note"]  # the older field keeps its name
+    assert "dtype_note" not in meta
     precisions = (meta["precision"], meta["target_precision"], meta["draft_precision"])
     assert precisions == ("auto", None, None)
     code, _, err = run_cli("bench", *TOY, "--methods", "nope", "--out", str(tmp_path / "x"))

@@ -428,7 +428,7 @@ def _summary_meta(s: BenchSettings, names: tuple[str, str], target: CausalLM,
         counts[p.category] = counts.get(p.category, 0) + 1
     meta = {
         **s.meta(*names),
-        "precision_note": precision, "dtype_note": precision,  # dtype_note: the older name
+        "precision_note": precision,
         "device": str(target.device), "torch_threads": torch.get_num_threads(),
         "suites": list(s.suites),
         "prompts_per_category": counts, "repeats": s.repeats,
