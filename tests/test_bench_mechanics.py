@@ -367,7 +367,7 @@ def test_llamacpp_peers_in_the_runner(tmp_path: Path, suite: Path,
 def test_peer_options_are_checked() -> None:
     assert parse_method("llamacpp-spec[p_min=0.25]").option_dict() == {"p_min": 0.25}
     for bad, message in [("llamacpp-spec[p_min=1.5]", r"p_min must be a number in \[0, 1\]"),
-                         ("llamacpp-spec[gamma=3]", "takes no option 'gamma'; its options: p_min"),
+                         ("llamacpp-spec[n_max=3]", "takes no option 'n_max'; its options: p_min"),
                          ("llamacpp-ar[p_min=0.5]", "takes no option 'p_min'; it takes none"),
                          ("hf-assisted[p_min=0.5]", "it takes none")]:
         with pytest.raises(ValueError, match=message):

@@ -1,0 +1,261 @@
+"""Where the two-sample law test (:mod:`verispec.bench.lawtest`) gets its samples: the first
+k tokens of many independent generations (one seed each) at one prompt.
+
+* verispec's methods through :func:`verispec.api.generate_batch`, with both models wrapped
+  in :class:`SharedPrefixLM` so that the N rows of a prompt are prefilled once;
+* the **biased control** :class:`FirstTokenBias`, a deliberately wrong verifier (not a
+  product method: it is only built here), through the same engine;
+* the llama.cpp peers: ``llamacpp-ar`` (the target's GGUF, llama.cpp's own sampler chain),
+  either one :func:`~verispec.bench.llamacpp.run_llamacpp` call per sample (``each``) or
+  with the prompt evaluated once and every sample restarting from its cache (``shared``),
+  and ``llamacpp-spec`` (always one ``run_llamacpp`` call, a subprocess, per sample).
+
+Also the exact first-token laws p and q at a prompt and the choice of informative prompts
+(:func:`advance_prompt`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from verispec.api import Pair, generate_batch, make_drafter
+from verispec.engine.gamma import FixedGamma
+from verispec.engine.loop import Engine
+from verispec.engine.protocols import SingleDraftMethod, VerifyBatch
+from verispec.engine.request import Request
+from verispec.models.base import CausalLM
+from verispec.sampling import Randomness, Sampling
+from verispec.verify import VerifyResult, draw_rows, token_plan
+
+__all__ = [
+    "CHUNK_ROWS",
+    "FirstTokenBias",
+    "Seq",
+    "SharedPrefixLM",
+    "advance_prompt",
+    "control_samples",
+    "first_token_laws",
+    "llamacpp_samples",
+    "method_samples",
+]
+
+Seq = tuple[int, ...]
+CHUNK_ROWS = 128  # generations decoded together (one prefill of the prompt per chunk)
+Progress = Callable[[str], None]
+
+
+class SharedPrefixLM(CausalLM):
+    """A model whose rows added together with the same prefix share one prefill: the prefix
+    is read once and its row copied (``select_rows``). Everything else is the wrapped
+    model's, so outputs are those of the wrapped model (up to the float rounding of a batch
+    of one prefill instead of several)."""
+
+    def __init__(self, inner: CausalLM) -> None:
+        super().__init__()
+        self.inner = inner
+        self.vocab_size, self.eos_token_ids = inner.vocab_size, inner.eos_token_ids
+        self.max_length, self.device, self.name = inner.max_length, inner.device, inner.name
+        self.tokenizer, self.precision = inner.tokenizer, inner.precision
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.inner.lengths
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def _add_rows(self, prefixes: list[list[int]]) -> None:
+        distinct = list(dict.fromkeys(tuple(p) for p in prefixes))
+        before = self.inner.rows
+        self.inner.add_rows([list(p) for p in distinct])
+        where = {p: before + i for i, p in enumerate(distinct)}
+        self.inner.select_rows(list(range(before)) + [where[tuple(p)] for p in prefixes])
+
+    def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
+        return self.inner.extend(tokens, num_logits)  # [R, n, V]
+
+    def _rollback(self, lengths: list[int]) -> None:
+        self.inner.rollback(lengths)
+
+    def _select_rows(self, indices: list[int]) -> None:
+        self.inner.select_rows(indices)
+
+    def spawn(self) -> SharedPrefixLM:
+        return SharedPrefixLM(self.inner.spawn())
+
+
+class FirstTokenBias(SingleDraftMethod):
+    """Token verification that, at a request's first token only, keeps the draft token X₁
+    with probability ε whatever p says (acceptance ε + (1 − ε)·min(1, p/q)). A positive
+    control for the law test, not a product method.
+
+    The first token's law is (1 − ε)·p₁ + ε·q₁ (p₁, q₁: the tempered target and draft at the
+    prompt) and every later token follows the target exactly given the tokens before it,
+    so the total-variation distance of the first-k-token law from the target's is exactly
+    ε · TV(p₁, q₁) for every k ≥ 2 (k = 1 drafts nothing: no bias).
+    """
+
+    def __init__(self, epsilon: float) -> None:
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
+        super().__init__("biased-control", token_plan, lossless=False, matches_at_greedy=False)
+        self.epsilon = epsilon
+
+    def new_state(self) -> bool:
+        return True  # the request's first token is still to come
+
+    def verify(self, batch: VerifyBatch) -> VerifyResult:
+        p = batch.target_probs[:, 0]  # [B, γ+1, V]
+        q = batch.draft_probs[:, 0].to(p.dtype)  # [B, γ, V]
+        plan = token_plan(p, q, batch.draft_tokens[:, 0],
+                          lengths=batch.lengths if batch.ragged else None)
+        if plan.accept_probs.shape[1] > 0:
+            first = torch.tensor(batch.states, dtype=torch.bool, device=p.device)  # [B]
+            first &= batch.lengths.to(p.device) > 0
+            h = plan.accept_probs[:, 0]  # [B]
+            plan.accept_probs[:, 0] = torch.where(first, self.epsilon + (1 - self.epsilon) * h, h)
+        for j in range(len(batch.states)):
+            batch.states[j] = False
+        return draw_rows(plan, batch.randoms)
+
+
+def _chunks(seeds: Sequence[int]) -> list[list[int]]:
+    return [list(seeds[i:i + CHUNK_ROWS]) for i in range(0, len(seeds), CHUNK_ROWS)]
+
+
+def method_samples(pair: Pair, method: str, prompt: Sequence[int], seeds: Sequence[int], *,
+                   tokens: int, temperature: float, gamma: int) -> list[Seq]:
+    """The first ``tokens`` tokens of one generation per seed by a registered method."""
+    target = SharedPrefixLM(pair.target)
+    draft = SharedPrefixLM(pair.draft) if pair.draft is not None else None
+    out: list[Seq] = []
+    for chunk in _chunks(seeds):
+        res = generate_batch(target, draft, [list(prompt)] * len(chunk), method=method,
+                             seeds=chunk, max_new_tokens=tokens, temperature=temperature,
+                             gamma=None if method == "ar" else gamma, batch_size=len(chunk))
+        out.extend(tuple(r.tokens) for r in res.results)
+    return out
+
+
+def control_samples(pair: Pair, epsilon: float, prompt: Sequence[int], seeds: Sequence[int],
+                    *, tokens: int, temperature: float, gamma: int) -> list[Seq]:
+    """As :func:`method_samples` for :class:`FirstTokenBias` (run on the engine directly)."""
+    if pair.draft is None:
+        raise ValueError("the biased control drafts with the draft model")
+    if tokens < 2 or gamma < 1:
+        raise ValueError("the biased control needs tokens >= 2 and gamma >= 1 (its bias is on "
+                         "the first drafted token)")
+    method = FirstTokenBias(epsilon)
+    target, draft = SharedPrefixLM(pair.target), SharedPrefixLM(pair.draft)
+    drafter = make_drafter(target, draft.spawn(), method)
+    sampling = Sampling(temperature=temperature)
+    out: list[Seq] = []
+    for chunk in _chunks(seeds):
+        engine = Engine(target.spawn(), batch_size=len(chunk))
+        requests = [Request(list(prompt), method, sampling, tokens,
+                            Randomness(torch.Generator(device=target.device).manual_seed(s)),
+                            FixedGamma(gamma), drafter) for s in chunk]
+        out.extend(tuple(o.tokens) for o in engine.run(requests))
+    return out
+
+
+def llamacpp_samples(name: str, prompt: Sequence[int], seeds: Sequence[int], *, tokens: int,
+                     temperature: float, gamma: int, target_gguf: str | os.PathLike[str],
+                     draft_gguf: str | os.PathLike[str] | None, eos: Sequence[int],
+                     prefill: str = "shared", threads: int | None = None,
+                     progress: Progress | None = None) -> list[Seq]:
+    """The first ``tokens`` tokens of one llama.cpp generation per seed (see the module)."""
+    from verispec.bench.llamacpp import run_llamacpp
+
+    if prefill not in ("shared", "each"):
+        raise ValueError(f"prefill must be shared or each, got {prefill!r}")
+    if name == "llamacpp-ar" and prefill == "shared":
+        return _llamacpp_ar_shared(prompt, seeds, tokens=tokens, temperature=temperature,
+                                   gguf=target_gguf, eos=eos, threads=threads)
+    out: list[Seq] = []
+    for i, seed in enumerate(seeds):
+        res = run_llamacpp(name, list(prompt), target_gguf=target_gguf, draft_gguf=draft_gguf,
+                           temperature=temperature, gamma=gamma, max_new_tokens=tokens,
+                           seed=seed, threads=threads, eos_token_ids=eos)
+        out.append(tuple(res.tokens[:tokens]))
+        if progress is not None and (i + 1) % 25 == 0:
+            progress(f"  {name}: {i + 1}/{len(seeds)} samples")
+    return out
+
+
+def _llamacpp_ar_shared(prompt: Sequence[int], seeds: Sequence[int], *, tokens: int,
+                        temperature: float, gguf: str | os.PathLike[str], eos: Sequence[int],
+                        threads: int | None) -> list[Seq]:
+    """``llamacpp-ar``'s sampler chain and model, the prompt but its last token evaluated
+    once: each sample rolls the cache back to it and evaluates the last token again."""
+    from verispec.bench.llamacpp.library import _llama_cpp, _sampler, load_gguf
+
+    llama_cpp = _llama_cpp()
+    ids = [int(t) for t in prompt]
+    llm = load_gguf(gguf, threads=threads, n_ctx=len(ids) + tokens)
+    llm.reset()
+    if len(ids) > 1:
+        llm.eval(ids[:-1])
+    stop = {int(t) for t in eos}
+    out: list[Seq] = []
+    for seed in seeds:
+        new: list[int] = []
+        with _sampler(llama_cpp, temperature, seed) as chain:
+            llm.n_tokens = len(ids) - 1  # the next eval drops the cache past the prefix
+            llm.eval([ids[-1]])
+            while True:
+                token = int(llama_cpp.llama_sampler_sample(chain, llm.ctx, -1))
+                new.append(token)
+                if token in stop or len(new) >= tokens:
+                    break
+                llm.eval([token])
+        out.append(tuple(new))
+    return out
+
+
+def _next_law(model: CausalLM, ids: Sequence[int], sampling: Sampling) -> tuple[CausalLM, Tensor]:
+    m = model.spawn()
+    m.add_rows([list(ids[:-1])])
+    return m, sampling.probs(m.extend([int(ids[-1])])[0, 0].double())  # [V]
+
+
+def first_token_laws(pair: Pair, prompt: Sequence[int], temperature: float) -> tuple[Tensor, Tensor]:
+    """(p₁, q₁) [V] float64: the tempered target's and draft's laws of the first token."""
+    if pair.draft is None:
+        raise ValueError("first_token_laws needs the draft model")
+    sampling = Sampling(temperature=temperature)
+    return _next_law(pair.target, prompt, sampling)[1], _next_law(pair.draft, prompt, sampling)[1]
+
+
+def entropy(p: Tensor) -> float:
+    """H(p) in nats of a [V] distribution."""
+    nz = p[p > 0]
+    return float(-(nz * nz.log()).sum())
+
+
+def advance_prompt(target: CausalLM, prompt: Sequence[int], *, temperature: float,
+                   min_entropy: float, max_advance: int) -> list[int]:
+    """``prompt`` followed by the target's greedy tokens until its next-token law (at the
+    temperature) has entropy ≥ ``min_entropy`` nats, at most ``max_advance`` tokens, never
+    an EOS, and only while the ids read back unchanged from their text (the tokenizer, if
+    any, encodes the decoded text to the same ids)."""
+    ids = [int(t) for t in prompt]
+    sampling = Sampling(temperature=temperature)
+    model, law = _next_law(target, ids, sampling)
+    tok = target.tokenizer
+    for _ in range(max_advance):
+        if entropy(law) >= min_entropy or math.isnan(entropy(law)):
+            break
+        nxt = int(law.argmax())
+        if nxt in target.eos_token_ids:
+            break
+        if tok is not None and [int(t) for t in tok.encode(tok.decode(ids + [nxt]))] != ids + [nxt]:
+            break
+        ids.append(nxt)
+        law = sampling.probs(model.extend([nxt])[0, 0].double())
+    return ids
