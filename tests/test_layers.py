@@ -22,7 +22,7 @@ LAYERS = {
     "verispec.drafters": 2, "verispec.verify": 2,
     "verispec.engine": 3,
     "verispec.methods": 4,
-    "verispec.theory": 5,
+    "verispec.theory": 5, "verispec.plan": 5,
     "verispec.api": 6,
     "verispec.bench": 7,
     "verispec.cli": 8, "verispec.server": 8,

@@ -389,7 +389,7 @@ def test_registry_entries() -> None:
     assert mjsd.law is not None and mjgd.law is not None
     m = build_method("mjsd", num_beams=3, threshold=None)
     assert (m.num_beams, m.threshold, m.paper_warp, m.lossless) == (3, 0.1, True, False)  # type: ignore[attr-defined]
-    assert m.drafter_kind == "beam"
+    assert mjsd.drafting == "beam" and mjgd.drafting == "none"
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])

@@ -454,7 +454,7 @@ def test_cli_pearl_json_and_timeline_match_the_reference(tmp_path) -> None:
     (["--method", "token[verifier=block]"], "does not take the option(s) verifier"),
     (["--method", "block", "--timeline", "x.png"], "--timeline needs --method pearl"),
     (["--method", "pearl[verifier=multidraft]"], "token or block"),
-    (["--method", "pearl", "--drafter", "ngram"], "needs a draft model"),
+    (["--method", "pearl", "--drafter", "ngram"], "the n-gram drafter cannot serve it"),
     (["--method", "pearl", "--no-pre-verify"], "unrecognized arguments: --no-pre-verify"),
 ])
 def test_cli_rejects_bad_pearl_options(argv: list[str], message: str,

@@ -7,38 +7,37 @@ of one. Methods that run by a schedule of their own (MJGD, PEARL) go through the
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
-from verispec.engine.costs import BATCH_ROWS, measure_costs
-from verispec.engine.gamma import (
-    AutoGamma,
-    FixedGamma,
-    GammaPolicy,
-    PairHistory,
-    PassCosts,
-)
+from verispec.engine.gamma import GammaPolicy
 from verispec.engine.loop import Engine
-from verispec.engine.protocols import Method
+from verispec.engine.protocols import ScheduledMethod
 from verispec.engine.request import GenerationOutput, Request
 from verispec.engine.stats import Stats
-from verispec.methods import MethodInfo, build_method, resolve
 from verispec.models.base import CausalLM
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.models.loading import check_compatible, load_model
-from verispec.sampling import Randomness, Sampling
+from verispec.plan import (
+    RequestConfig,
+    RequestPlan,
+    gamma_policy,
+    make_drafter,
+    pair_costs,
+    plan_request,
+)
+from verispec.sampling import Randomness
 from verispec.telemetry.energy import EnergyMeter
 
 __all__ = [
     "BatchGenerationResult",
     "GenerationResult",
     "Pair",
+    "RequestConfig",
     "encode_prompt",
     "generate",
     "generate_batch",
@@ -46,9 +45,6 @@ __all__ = [
     "make_drafter",
     "pair_costs",
 ]
-
-DRAFT_STOP_METHODS = ("token", "block")  # the draft-stop rule is proven lossless for these
-DRAFTERS = ("model", "ngram")
 
 
 @dataclass
@@ -97,11 +93,13 @@ def decode(model: CausalLM, ids: list[int]) -> str:
 
 
 def load_pair(target: str | CausalLM, draft: str | CausalLM | None, *, needs_draft: bool = True,
-              precision: str = "auto", draft_precision: str | None = None,
+              precision: str = "auto", target_precision: str | None = None,
+              draft_precision: str | None = None,
               progress: Callable[[str], None] | None = None) -> Pair:
-    """Load (or pass through) the target and, if ``needs_draft``, the draft."""
+    """Load (or pass through) the target and, if ``needs_draft``, the draft, in
+    ``precision`` unless ``target_precision`` / ``draft_precision`` override it."""
     if isinstance(target, str):
-        target = load_model(target, precision=precision, progress=progress)
+        target = load_model(target, precision=target_precision or precision, progress=progress)
     if not needs_draft:
         return Pair(target, None)
     if draft is None:
@@ -113,138 +111,39 @@ def load_pair(target: str | CausalLM, draft: str | CausalLM | None, *, needs_dra
     return Pair(target, draft)
 
 
-def make_drafter(target: CausalLM, draft: CausalLM | None, method: Method, *,
-                 kind: str = "model", draft_stop: float | None = None) -> Drafter | None:
-    """The drafter the method needs (None for methods that never draft).
-
-    ``draft_stop``: the model drafter stops a row's draft early where its own confidence
-    falls below this (see :class:`~verispec.drafters.model.ModelDrafter`); token and block
-    verification only, for which it is proven lossless.
-    """
-    if kind not in DRAFTERS:
-        raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}")
-    if draft_stop is not None and (kind != "model" or method.name not in DRAFT_STOP_METHODS):
-        raise ValueError(f"draft_stop works with the model drafter and the methods "
-                         f"{', '.join(DRAFT_STOP_METHODS)} (lossless with them); "
-                         f"not with {method.name} / the {kind} drafter")
-    if method.drafter_kind == "beam":
-        from verispec.drafters.beam import BeamDrafter
-
-        if draft is None:
-            raise ValueError(f"{method.name} drafts by beam search with a draft model; give one")
-        return BeamDrafter(draft, num_beams=getattr(method, "num_beams", 8))
-    if kind == "ngram":
-        if method.needs_next_probs or method.num_drafts > 1:
-            raise ValueError(f"{method.name} cannot use the n-gram drafter: it needs q as a fixed "
-                             "function of the context (or several i.i.d. drafts); use the model "
-                             "drafter")
-        from verispec.drafters.ngram import NgramDrafter
-
-        return NgramDrafter(target.vocab_size)
-    if draft is None:
-        raise ValueError("the model drafter needs a draft model")
-    from verispec.drafters.model import ModelDrafter
-
-    return ModelDrafter(draft, stop_below=draft_stop)
-
-
 @dataclass
-class _Plan:
-    """Everything a run needs besides the prompts."""
+class _Run:
+    """A planned request with its models and drafter: everything a run needs besides the
+    prompts."""
 
-    info: MethodInfo
-    method: Method
-    sampling: Sampling
-    gamma: int | str
+    plan: RequestPlan
     pair: Pair
     drafter: Drafter | None
 
+    def policy(self, rows: int = 1) -> GammaPolicy:
+        return gamma_policy(self.plan, self.pair.target, self.pair.draft, self.drafter, rows)
 
-def _plan(target: str | CausalLM, draft: str | CausalLM | None, method: str,
-          options: dict[str, Any], *, gamma: int | str | None, sampling: Sampling, drafter: str,
-          draft_stop: float | None, precision: str, draft_precision: str | None,
-          progress: Callable[[str], None] | None) -> _Plan:
-    if "verifier" in options and not method.startswith("pearl"):
-        raise ValueError(f"verifier={options['verifier']!r}: the verification method is chosen "
-                         "with method=...; only pearl takes a verifier (for its windows)")
-    info, opts = resolve(method, **options)
-    built = build_method(info.name, **opts)
-    gamma = _check_gamma(info, gamma)
-    needs_draft = info.uses_draft and (drafter == "model" or built.drafter_kind == "beam")
-    pair = load_pair(target, draft, needs_draft=needs_draft, precision=precision,
-                     draft_precision=draft_precision, progress=progress)
+
+def _prepare(target: str | CausalLM, draft: str | CausalLM | None, config: RequestConfig,
+             progress: Callable[[str], None] | None) -> _Run:
+    plan = plan_request(config)
+    pair = load_pair(target, draft, needs_draft=plan.needs_draft, precision=config.precision,
+                     target_precision=config.target_precision,
+                     draft_precision=config.draft_precision, progress=progress)
     maker = None
-    if info.runner is None and info.uses_draft:  # on a fresh cache: the caller's rows stay
+    if plan.drafter is not None:  # on a fresh cache: the caller's rows stay
         draft_model = pair.draft.spawn() if pair.draft is not None else None
-        maker = make_drafter(pair.target, draft_model, built, kind=drafter, draft_stop=draft_stop)
-    elif draft_stop is not None:
-        raise ValueError(f"draft_stop works with {', '.join(DRAFT_STOP_METHODS)}, not {info.name}")
-    return _Plan(info, built, built.adjust_sampling(sampling), gamma, pair, maker)
+        maker = make_drafter(pair.target, draft_model, plan.engine_method, kind=config.drafter,
+                             draft_stop=plan.draft_stop)
+    return _Run(plan, pair, maker)
 
 
-def _check_gamma(info: MethodInfo, gamma: int | str | None) -> int | str:
-    if gamma is None:
-        return "auto" if info.auto_gamma else info.default_gamma
-    if isinstance(gamma, str):
-        takes_auto = info.uses_draft or info.auto_gamma
-        if gamma != "auto" or not takes_auto:
-            raise ValueError(f"gamma must be an integer{' or auto' if takes_auto else ''} "
-                             f"for {info.name}, got {gamma!r}")
-        return gamma
-    try:
-        check_positive("gamma", gamma, minimum=1 if info.uses_draft else 0)
-    except ValueError as exc:
-        raise ValueError(f"{exc} ({info.name})") from None
-    return gamma if info.uses_draft or info.runner is not None else 0
-
-
-_COSTS: weakref.WeakKeyDictionary[
-    CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[tuple[int, ...], PassCosts]]] = \
-    weakref.WeakKeyDictionary()
-
-
-_HISTORY: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM, PairHistory]] \
-    = weakref.WeakKeyDictionary()
-
-
-def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
-    """The pair's measured pass costs (V(k), c), with the batched grid up to ``rows`` rows
-    (:data:`~verispec.engine.costs.BATCH_ROWS` below it, and ``rows`` itself), timed once
-    per machine, pair and grid (kept on disk) and held per process."""
-    grid = tuple(sorted({1, rows, *(r for r in BATCH_ROWS if r < rows)}))
-    per_draft = _COSTS.setdefault(target, weakref.WeakKeyDictionary())
-    held = per_draft.setdefault(draft, {})
-    if grid not in held:
-        held[grid] = measure_costs(target, draft, rows=grid)
-    return held[grid]
-
-
-def pair_history(target: CausalLM, draft: CausalLM) -> PairHistory:
-    """The pair's acceptance pooled over the requests of this process (γ auto's prior)."""
-    return _HISTORY.setdefault(target, weakref.WeakKeyDictionary()).setdefault(
-        draft, PairHistory())
-
-
-def _policy(plan: _Plan, rows: int = 1) -> GammaPolicy:
-    """A fresh γ policy for one request (``auto`` keeps per-request acceptance; ``rows``: the
-    most rows its engine decodes together, the extent of the timed batch grid)."""
-    if plan.drafter is None:
-        return FixedGamma(0)
-    if plan.gamma == "auto":
-        if plan.pair.draft is None:
-            raise ValueError("gamma='auto' times the draft model; the n-gram drafter has none")
-        return AutoGamma(pair_costs(plan.pair.target, plan.pair.draft, rows),
-                         min_gamma=1 if plan.method.needs_next_probs else 0,
-                         history=pair_history(plan.pair.target, plan.pair.draft))
-    assert isinstance(plan.gamma, int)
-    return FixedGamma(plan.gamma)
-
-
-def _notes(plan: _Plan) -> list[str]:
+def _notes(run: _Run) -> list[str]:
+    plan, pair = run.plan, run.pair
     notes = [f"sampling: {plan.sampling.describe()}"]
-    if plan.gamma == "auto" and plan.pair.draft is not None and plan.info.runner is None:
-        notes.append("gamma auto: " + pair_costs(plan.pair.target, plan.pair.draft).describe())
-    models = [("target", plan.pair.target), ("draft", plan.pair.draft)]
+    if plan.gamma == "auto" and pair.draft is not None and plan.info.runner is None:
+        notes.append("gamma auto: " + pair_costs(pair.target, pair.draft).describe())
+    models = [("target", pair.target), ("draft", pair.draft)]
     notes += [f"{role} precision: {m.precision}" for role, m in models if m is not None]
     return notes
 
@@ -287,28 +186,28 @@ def generate(
             from the method's law at its context (for a lossless method, the target's law
             with no EOS ids). For fixed-length benchmarks.
     """
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
-    plan = _plan(target, draft, method, method_options, gamma=gamma, sampling=sampling,
-                 drafter=drafter, draft_stop=draft_stop, precision=precision,
-                 draft_precision=draft_precision, progress=progress)
-    tgt = plan.pair.target
+    config = RequestConfig(method, method_options, gamma, drafter, draft_stop, temperature,
+                           top_k, top_p, precision, draft_precision=draft_precision)
+    run = _prepare(target, draft, config, progress)
+    plan, tgt = run.plan, run.pair.target
     ids = encode_prompt(tgt, prompt)
     random = Randomness(torch.Generator(device=tgt.device).manual_seed(seed))
     with EnergyMeter(tgt.device) as meter:
         if plan.info.runner is not None:
+            assert isinstance(plan.method, ScheduledMethod)
             out: GenerationOutput = plan.info.runner(
-                _without_eos(tgt) if ignore_eos else tgt, plan.pair.draft, ids,
+                _without_eos(tgt) if ignore_eos else tgt, run.pair.draft, ids,
                 method=plan.method, sampling=plan.sampling,
                 gamma=plan.gamma, max_new_tokens=max_new_tokens, random=random,
                 on_tokens=on_tokens)
         else:
-            request = Request(ids, plan.method, plan.sampling, max_new_tokens, random,
-                              _policy(plan), plan.drafter, on_tokens, ignore_eos=ignore_eos)
+            request = Request(ids, plan.engine_method, plan.sampling, max_new_tokens, random,
+                              run.policy(), run.drafter, on_tokens, ignore_eos=ignore_eos)
             engine = Engine(tgt.spawn())  # a fresh cache over the same weights
             out = engine.run([request])[0]
             out.stats.target_passes = engine.passes
     out.stats.energy_joules, out.stats.energy_source = meter.joules, meter.source
-    out.stats.notes.extend(_notes(plan))
+    out.stats.notes.extend(_notes(run))
     return GenerationResult(tokens=out.tokens, text=decode(tgt, out.tokens), stats=out.stats)
 
 
@@ -360,21 +259,21 @@ def generate_batch(
     if len(seeds) != len(prompts) or len(budgets) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts need as many seeds and budgets, got "
                          f"{len(seeds)} and {len(budgets)}")
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
-    plan = _plan(target, draft, method, method_options, gamma=gamma, sampling=sampling,
-                 drafter=drafter, draft_stop=None, precision=precision,
-                 draft_precision=draft_precision, progress=progress)
+    config = RequestConfig(method, method_options, gamma, drafter, None, temperature, top_k,
+                           top_p, precision, draft_precision=draft_precision)
+    run = _prepare(target, draft, config, progress)
+    plan = run.plan
     if not plan.info.batchable:
         raise ValueError(f"{plan.info.name} runs by a schedule of its own and cannot share a "
                          "batch; use generate() for each prompt")
-    tgt = plan.pair.target
+    tgt = run.pair.target
     engine = Engine(tgt.spawn(), batch_size=len(prompts) if batch_size is None else batch_size)
     requests = []
     for i, (p, s, n) in enumerate(zip(prompts, seeds, budgets, strict=True)):
         callback = None if on_tokens is None else _indexed(on_tokens, i)
-        requests.append(Request(encode_prompt(tgt, p), plan.method, plan.sampling, n,
+        requests.append(Request(encode_prompt(tgt, p), plan.engine_method, plan.sampling, n,
                                 Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
-                                _policy(plan, engine.batch_size), plan.drafter, callback,
+                                run.policy(engine.batch_size), run.drafter, callback,
                                 ignore_eos=ignore_eos))
     start = time.perf_counter()
     with EnergyMeter(tgt.device) as meter:
@@ -383,7 +282,7 @@ def generate_batch(
             engine.step()
     stats = engine.batch_stats(rows, time.perf_counter() - start)
     stats.energy_joules, stats.energy_source = meter.joules, meter.source
-    notes = _notes(plan)
+    notes = _notes(run)
     stats.notes.extend(notes)
     results = []
     for row in rows:

@@ -130,22 +130,21 @@ class _Streamer:
         self.shown = text
 
 
-def _pair(args: argparse.Namespace, err: TextIO, needs_draft: bool) -> Any:
+def _pair(args: argparse.Namespace, err: TextIO) -> Any:
+    """The models the request of ``args`` needs (its plan says whether a draft is one)."""
     from verispec.api import load_pair
+    from verispec.plan import RequestConfig, plan_request
+
+    plan = plan_request(RequestConfig(args.method, gamma=args.gamma, drafter=args.drafter,
+                                      draft_stop=args.draft_stop, temperature=args.temperature,
+                                      top_k=args.top_k, top_p=args.top_p))
 
     def progress(msg: str) -> None:
         print(msg, file=err)
 
-    target_precision = args.target_precision or args.precision
-    return load_pair(args.target, args.draft, needs_draft=needs_draft, precision=target_precision,
-                     draft_precision=args.draft_precision or args.precision, progress=progress)
-
-
-def _needs_draft(args: argparse.Namespace) -> bool:
-    from verispec.methods import resolve
-
-    info, _ = resolve(args.method)
-    return info.uses_draft and (args.drafter == "model" or info.name == "mjsd")
+    return load_pair(args.target, args.draft, needs_draft=plan.needs_draft,
+                     precision=args.precision, target_precision=args.target_precision,
+                     draft_precision=args.draft_precision, progress=progress)
 
 
 def _chat(tokenizer: Any, prompt: str) -> str:
@@ -166,7 +165,7 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise ValueError("give a prompt, or a file of prompts with --prompts FILE.jsonl")
     if args.batch_size is not None:
         raise ValueError("--batch-size needs --prompts FILE.jsonl")
-    pair = _pair(args, err, _needs_draft(args))
+    pair = _pair(args, err)
     prompt = _chat(pair.target.tokenizer, args.prompt) if args.chat else args.prompt
     streamer = None if args.json else _Streamer(pair.target.tokenizer, out)
     if streamer is not None:
@@ -233,7 +232,7 @@ def _cmd_generate_batch(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     if args.draft_stop is not None:
         raise ValueError("--draft-stop is not available with --prompts (batched decoding)")
     items = _read_prompts(args.prompts)
-    pair = _pair(args, err, _needs_draft(args))
+    pair = _pair(args, err)
     tokenizer = pair.target.tokenizer
     prompts = [_chat(tokenizer, p) if args.chat and isinstance(p, str) else p
                for p in (item["prompt"] for item in items)]

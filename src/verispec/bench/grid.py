@@ -27,6 +27,7 @@ from typing import Any
 
 from verispec.methods import METHODS, build_method, parse_spec
 from verispec.methods.registry import split_list
+from verispec.plan import drafter_for
 
 __all__ = [
     "PEERS",
@@ -94,9 +95,10 @@ class MethodSpec:
         """γ may be ``auto``: every verispec method that drafts (not a peer)."""
         return not self.is_peer and self.uses_gamma
 
-    @property
-    def uses_draft(self) -> bool:
-        return PEERS[self.name][0] if self.is_peer else METHODS[self.name].uses_draft
+    def needs_draft(self, drafter: str) -> bool:
+        """Whether it runs with the draft model when verispec's methods draft with
+        ``drafter`` (a peer: whether it runs a draft at all)."""
+        return PEERS[self.name][0] if self.is_peer else drafter_for(METHODS[self.name], drafter)[1]
 
     @property
     def lossless(self) -> bool:

@@ -46,8 +46,8 @@ class Row:
 
 
 def _load_pair(args: argparse.Namespace, err: TextIO) -> tuple[CausalLM, CausalLM]:
-    pair = load_pair(args.target, args.draft, precision=args.target_precision or args.precision,
-                     draft_precision=args.draft_precision or args.precision,
+    pair = load_pair(args.target, args.draft, precision=args.precision,
+                     target_precision=args.target_precision, draft_precision=args.draft_precision,
                      progress=lambda msg: print(msg, file=err))
     assert pair.draft is not None
     return pair.target, pair.draft

@@ -393,8 +393,8 @@ def _load_models(s: BenchSettings, needs_draft: bool, err: TextIO) -> tuple[Caus
     from verispec.api import load_pair
 
     pair = load_pair(s.target, s.draft, needs_draft=needs_draft,
-                     precision=s.target_precision or s.precision,
-                     draft_precision=s.draft_precision or s.precision,
+                     precision=s.precision, target_precision=s.target_precision,
+                     draft_precision=s.draft_precision,
                      progress=lambda msg: print(msg, file=err))
     return pair.target, pair.draft
 
@@ -487,7 +487,7 @@ def _run(s: BenchSettings, target: CausalLM | None, draft: CausalLM | None, err:
 
     configs = _configs(s, err)
     prompts = load_suites(s.suites, s.num_prompts, s.categories)
-    needs_draft = any(c.method.uses_draft for c in configs)
+    needs_draft = any(c.method.needs_draft(s.drafter) for c in configs)
     loaded = target is None
     if target is None:
         target, draft = _load_models(s, needs_draft, err)

@@ -8,8 +8,9 @@ iteration that uses it, as one :class:`VerifyBatch` (ragged draft lengths padded
 * **accepted**: τ_b draft tokens X_1..X_τ of row b are kept;
 * **next token** Y_b: recovered (τ < γ_b, from a residual) or bonus (τ = γ_b, from p).
 
-Methods that are not "draft → score → verify" (MJGD's target-only beam search, PEARL's two
-concurrent workers) implement :class:`Runner` instead.
+Methods that are not "draft → score → verify" iterations (MJGD's target-only beam search,
+PEARL's two concurrent workers) are a kind of their own, :class:`ScheduledMethod`: they carry
+their options, and the method table's :class:`Runner` runs a whole request with them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor
 from verispec.sampling import Randomness, Sampling
 from verispec.verify import VerifyResult
 
-__all__ = ["Method", "Runner", "SingleDraftMethod", "VerifyBatch"]
+__all__ = ["Method", "Runner", "ScheduledMethod", "SingleDraftMethod", "VerifyBatch"]
 
 
 @dataclass
@@ -66,7 +67,6 @@ class Method(ABC):
         lossless: True if the output distribution equals the target's exactly.
         num_drafts: M, drafts per iteration (1 for single-draft methods).
         needs_next_probs: the draft must also return q after its last token.
-        drafter_kind: ``"sample"`` (any sampling drafter) or ``"beam"`` (MJSD).
         matches_at_greedy: at temperature 0 the method is exact matching of the draft
             tokens against the target's argmax, so the engine may skip building p and q.
     """
@@ -75,7 +75,6 @@ class Method(ABC):
     lossless: bool = True
     num_drafts: int = 1
     needs_next_probs: bool = False
-    drafter_kind: str = "sample"
     matches_at_greedy: bool = False
 
     def new_state(self) -> Any:
@@ -111,6 +110,23 @@ class SingleDraftMethod(Method):
         return draw_rows(self.plan(p, q, batch.draft_tokens[:, 0], lengths=lengths), batch.randoms)
 
 
+class ScheduledMethod:
+    """A method that runs a whole request by a schedule of its own (MJGD, PEARL): it holds
+    the options its :class:`Runner` reads and never verifies an engine iteration.
+
+    Attributes:
+        name: registry name.
+        lossless: True if the output distribution equals the target's exactly.
+    """
+
+    name: str = ""
+    lossless: bool = True
+
+    def adjust_sampling(self, sampling: Sampling) -> Sampling:
+        """The warp this method samples with (MJGD substitutes the paper's warp)."""
+        return sampling
+
+
 class Runner(Protocol):
     """A whole request run by a method's own schedule (MJGD, PEARL).
 
@@ -119,6 +135,6 @@ class Runner(Protocol):
     engine does; ``draft`` is None for methods without a draft model.
     """
 
-    def __call__(self, target: Any, draft: Any, prompt: Sequence[int], *, method: Method,
+    def __call__(self, target: Any, draft: Any, prompt: Sequence[int], *, method: ScheduledMethod,
                   sampling: Sampling, gamma: int | str | None, max_new_tokens: int,
                   random: Randomness, on_tokens: Callable[[list[int]], None] | None) -> Any: ...

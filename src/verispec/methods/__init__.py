@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verispec.engine.protocols import Method
+from verispec.engine.protocols import Method, ScheduledMethod
 from verispec.methods.basic import AR, BLOCK, TOKEN
 from verispec.methods.greedy_block import GREEDY_BLOCK, GREEDY_BLOCK_UNMODIFIED
 from verispec.methods.lossy import LOSSY
@@ -38,7 +38,7 @@ def resolve(spec: str, **options: Any) -> tuple[MethodInfo, dict[str, Any]]:
     return METHODS[name], {**inline, **given}
 
 
-def build_method(spec: str, **options: Any) -> Method:
+def build_method(spec: str, **options: Any) -> Method | ScheduledMethod:
     """Build the method ``name`` or ``name[key=value,...]``; options that are None are ignored."""
     info, opts = resolve(spec, **options)
     known = info.options()

@@ -41,7 +41,7 @@ def _builder(name: str, plan: Any) -> Any:
 
 
 AR = MethodInfo("ar", True, "plain autoregressive decoding of the target (no draft), the "
-                "baseline", _builder("ar", token_plan), uses_draft=False, default_gamma=0,
+                "baseline", _builder("ar", token_plan), drafting="none", default_gamma=0,
                 law=plan_method_law)
 TOKEN = MethodInfo("token", True, "token verification (Algorithm 1; Leviathan et al.): "
                    "lossless", _builder("token", token_plan), law=plan_method_law)

@@ -32,7 +32,7 @@ import torch
 
 from verispec.checks import check_flag, check_positive
 from verispec.drafters.beam import BeamDrafter, beam_search
-from verispec.engine.protocols import Method, VerifyBatch
+from verispec.engine.protocols import Method, ScheduledMethod, VerifyBatch
 from verispec.engine.request import GenerationOutput, accept_tokens, check_request
 from verispec.engine.stats import Stats
 from verispec.methods.registry import MethodInfo
@@ -68,7 +68,6 @@ class MJSDMethod(Method):
 
     name = "mjsd"
     lossless = False
-    drafter_kind = "beam"
 
     def __init__(self, num_beams: int = 8, threshold: float = 0.1, paper_warp: bool = True) -> None:
         self.num_beams = check_positive("num_beams", num_beams)
@@ -98,7 +97,7 @@ class MJSDMethod(Method):
         return VerifyResult(num_accepted=tau, next_token=y, bias_tv=bias)
 
 
-class MJGDMethod(Method):
+class MJGDMethod(ScheduledMethod):
     """Multi-token joint greedy decoding (Definition 3.1 of the MJSD paper), approximated by
     target-only beam search as in the paper. NOT lossless. It runs by its own schedule
     (:func:`mjgd_generate`), not the engine's draft → verify loop."""
@@ -113,12 +112,9 @@ class MJGDMethod(Method):
     def adjust_sampling(self, sampling: Sampling) -> Sampling:
         return paper_sampling(sampling, self.paper_warp)
 
-    def verify(self, batch: VerifyBatch) -> VerifyResult:
-        raise TypeError("mjgd has no verification step; it runs through mjgd_generate")
-
 
 def mjgd_generate(target: CausalLM, draft: CausalLM | None, prompt: Sequence[int], *,
-                  method: Method, sampling: Sampling, gamma: int | str | None,
+                  method: ScheduledMethod, sampling: Sampling, gamma: int | str | None,
                   max_new_tokens: int, random: Randomness,
                   on_tokens: Callable[[list[int]], None] | None = None) -> GenerationOutput:
     """MJGD: repeat {beam search of width ``method.num_beams`` over K = ``gamma`` tokens with
@@ -229,12 +225,12 @@ MJSD = MethodInfo(
     "multi-token joint speculative decoding (Algorithm 1; Qin et al.): beam-search draft "
     "(num_beams, default 8), keeps the longest prefix with min(1, p/q joint) > threshold "
     "(default 0.1); NOT lossless, quality = perplexity under the target",
-    MJSDMethod, default_gamma=4, law=_mjsd_law,
+    MJSDMethod, drafting="beam", default_gamma=4, law=_mjsd_law,
 )
 MJGD = MethodInfo(
     "mjgd", False,
     "multi-token joint greedy decoding (Qin et al., Def. 3.1): target-only beam search "
     "(num_beams) over γ tokens per step, MJSD's quality reference; NOT lossless, slow",
-    MJGDMethod, uses_draft=False, default_gamma=4, runner=mjgd_generate, law=_mjgd_law,
+    MJGDMethod, drafting="none", default_gamma=4, runner=mjgd_generate, law=_mjgd_law,
     batchable=False,
 )

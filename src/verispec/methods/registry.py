@@ -7,15 +7,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from verispec.engine.protocols import Method, Runner
+from verispec.engine.protocols import Method, Runner, ScheduledMethod
 
-__all__ = ["LawFn", "MethodInfo", "MethodOptionError", "option_defaults", "parse_spec",
+__all__ = ["DRAFTING", "LawFn", "MethodInfo", "MethodOptionError", "option_defaults", "parse_spec",
            "split_list"]
 
 #: ``law(method, target, draft, prompt, *, gamma, sampling, length, draft_stop)`` ->
 #: (exact law of the first ``length`` tokens on toy models, expected tokens emitted by the
 #: first iteration or None).
 LawFn = Callable[..., tuple[dict[tuple[int, ...], float], float | None]]
+
+
+#: How a method's drafts are made: ``none`` (it never drafts), ``sample`` (drawn by any
+#: drafter: the draft model or prompt lookup), ``beam`` (beam search with the draft model).
+DRAFTING = ("none", "sample", "beam")
 
 
 class MethodOptionError(ValueError, TypeError):
@@ -30,8 +35,9 @@ class MethodInfo:
         name: the name in ``--method`` and ``generate(method=...)``.
         lossless: whether outputs follow the target distribution exactly.
         summary: one line for ``--help``.
-        build: ``build(**options) -> Method``; its keyword parameters are the options.
-        uses_draft: False for methods that never draft (``ar``, MJGD).
+        build: ``build(**options)`` -> a :class:`Method`, or a :class:`ScheduledMethod` for
+            methods with a ``runner``; its keyword parameters are the options.
+        drafting: one of :data:`DRAFTING`: what the method needs to draft.
         default_gamma: γ used when the caller does not choose one.
         runner: for methods that are not "draft → score → verify" iterations (MJGD,
             PEARL), the :class:`~verispec.engine.protocols.Runner` that runs a request.
@@ -43,13 +49,23 @@ class MethodInfo:
     name: str
     lossless: bool
     summary: str
-    build: Callable[..., Method]
-    uses_draft: bool = True
+    build: Callable[..., Method | ScheduledMethod]
+    drafting: str = "sample"
     default_gamma: int = 8
     runner: Runner | None = None
     auto_gamma: bool = False
     law: LawFn | None = None
     batchable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.drafting not in DRAFTING:
+            raise ValueError(f"{self.name}: drafting must be one of {DRAFTING}, "
+                             f"got {self.drafting!r}")
+
+    @property
+    def uses_draft(self) -> bool:
+        """Whether the method drafts at all (not ``ar``, not MJGD)."""
+        return self.drafting != "none"
 
     def options(self) -> dict[str, Any]:
         """The method's options and their defaults."""

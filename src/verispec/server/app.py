@@ -68,13 +68,6 @@ def create_app(target: CausalLM, draft: CausalLM | None = None,
         planner = Planner(target, draft, config)
     except APIError as exc:
         raise ValueError(exc.message.removeprefix("--method: ")) from None
-    info, needs_draft = planner.plan_info(config.method)
-    if not info.batchable:
-        raise ValueError(f"--method {info.name} runs by a schedule of its own and cannot share "
-                         "the server's batch; serve a batchable method")
-    if needs_draft and draft is None:
-        raise ValueError(f"--method {info.name} drafts with a draft model; give one (or serve "
-                         "--method ar, or --drafter ngram)")
     scheduler = Scheduler(target, planner, config)
     state = ServerState(target, draft, config, planner, scheduler,
                         config.model_name or target.name, int(time.time()))
@@ -227,8 +220,8 @@ def _usage(job: Job, final: Final) -> dict[str, int]:
 
 def _extension(job: Job, gen: Generation, final: Final) -> dict[str, Any]:
     st = final.stats
-    return {"method": job.plan.method_label, "gamma": st.gamma,
-            "drafter": job.plan.drafter_kind, "seed": job.plan.seed,
+    return {"method": job.plan.request.label, "gamma": st.gamma,
+            "drafter": job.plan.request.drafter, "seed": job.plan.seed,
             "stop_reason": final.stop_reason, "lossless": st.lossless,
             "block_efficiency": st.block_efficiency, "accepted_tokens": st.accepted_total,
             "drafted_tokens": st.drafted_total, "target_calls": st.target_calls,

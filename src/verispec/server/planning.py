@@ -14,22 +14,28 @@ Two halves, for the two threads:
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from verispec.api import Pair, _check_gamma, _Plan, _policy, decode, encode_prompt, make_drafter
+from verispec.api import decode, encode_prompt
 from verispec.drafters.base import Drafter
-from verispec.engine.protocols import Method
 from verispec.engine.request import Request
-from verispec.methods import MethodInfo, build_method, resolve
 from verispec.models.base import CausalLM
-from verispec.sampling import Randomness, Sampling
+from verispec.plan import (
+    MethodCache,
+    PlanError,
+    RequestConfig,
+    RequestPlan,
+    gamma_policy,
+    make_drafter,
+    plan_request,
+)
+from verispec.sampling import Randomness
 from verispec.server.config import ServerConfig
 from verispec.server.errors import APIError
 from verispec.server.schemas import Generation
@@ -38,24 +44,18 @@ __all__ = ["Plan", "Planner"]
 
 SEED_BITS = 63
 
+#: The request field a planning error is reported under, by :class:`PlanError` field.
+FIELDS = {"method": "speculative.method", "gamma": "speculative.gamma",
+          "drafter": "speculative.drafter", "draft_stop": "speculative.drafter",
+          "sampling": "temperature"}
+CODES = {"method": "invalid_method"}
+
 
 @dataclass
 class Plan:
-    """Everything a request needs besides the models' state.
+    """A planned request and what it decodes: its prompt, budget and seed."""
 
-    Attributes:
-        method_label: the method as reported (``block``, ``lossy[epsilon=0.1]``).
-        drafter_kind: ``model`` or ``ngram``; None for methods that never draft.
-        needs_draft: whether the draft model is part of the pair (as in ``generate``).
-    """
-
-    info: MethodInfo
-    method: Method
-    method_label: str
-    sampling: Sampling
-    gamma: int | str
-    drafter_kind: str | None
-    needs_draft: bool
+    request: RequestPlan
     prompt_ids: list[int]
     max_tokens: int
     seed: int
@@ -66,89 +66,50 @@ class Planner:
 
     def __init__(self, target: CausalLM, draft: CausalLM | None, config: ServerConfig) -> None:
         self.target, self.draft, self.config = target, draft, config
-        self._methods: dict[str, tuple[MethodInfo, Method, str]] = {}  # event loop only
+        self._methods = MethodCache()  # event loop only
         self._drafters: dict[tuple[Any, ...], Drafter | None] = {}  # scheduler thread only
         # the tokenizer encodes on the event loop and decodes on the scheduler thread
         self._tokenizer_lock = threading.Lock()
-        self.default_label = self._method(config.method, "--method")[2]
+        self.default = self._plan(RequestConfig(config.method, gamma=config.gamma,
+                                                drafter=config.drafter), "--method")
 
     # -- event loop side ----------------------------------------------------------------------
-
-    def plan_info(self, spelling: str) -> tuple[MethodInfo, bool]:
-        """A method's entry and whether it needs the draft model with the default drafter;
-        ValueError if the configured γ does not fit it."""
-        info, method, _ = self._method(spelling, "--method")
-        _check_gamma(info, self.config.gamma)
-        kind = self.config.drafter
-        return info, info.uses_draft and (kind == "model" or method.drafter_kind == "beam")
 
     def plan(self, gen: Generation) -> Plan:
         """Resolve a validated request, or raise a 400 naming the field."""
         spec = gen.speculative
-        info, method, label = self._method(spec.method or self.config.method, "speculative.method")
-        if not info.batchable:
-            raise APIError(400, f"speculative.method: {info.name} runs by a schedule of its own "
-                                "and cannot share the server's batch; choose a batchable method "
-                                "(ar, token, block, greedy-block, lossy, multidraft, mjsd)",
-                           param="speculative.method", code="method_not_batchable")
-        gamma = spec.gamma
-        if gamma is None and label == self.default_label:
-            gamma = self.config.gamma
-        try:
-            gamma = _check_gamma(info, gamma)
-        except ValueError as exc:
-            raise APIError(400, f"speculative.gamma: {exc}", param="speculative.gamma",
-                           code="invalid_value") from None
-        kind = spec.drafter or self.config.drafter
-        needs_draft = info.uses_draft and (kind == "model" or method.drafter_kind == "beam")
-        self._check_drafter(info, method, kind, needs_draft, gamma)
-        try:
-            sampling = method.adjust_sampling(
-                Sampling(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p))
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="temperature", code="invalid_value") from None
-        if sampling.greedy and method.matches_at_greedy:  # see _method: its own group
-            method = self._method(spec.method or self.config.method, "speculative.method",
-                                  matching=True)[1]
+        config = RequestConfig(spec.method or self.config.method, gamma=spec.gamma,
+                               drafter=spec.drafter or self.config.drafter,
+                               temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+        request = self._plan(config, None)
+        if spec.gamma is None and self.config.gamma is not None \
+                and request.label == self.default.label:  # the server's γ for its method
+            request = self._plan(replace(config, gamma=self.config.gamma), None)
         ids = self._prompt_ids(gen)
-        budget = self._budget(ids, gen.max_tokens, gen.messages is not None, needs_draft)
+        budget = self._budget(ids, gen.max_tokens, gen.messages is not None, request.needs_draft)
         seed = gen.seed if gen.seed is not None else secrets.randbits(SEED_BITS)
-        return Plan(info, method, label, sampling, gamma,
-                    kind if info.uses_draft and info.runner is None else None, needs_draft,
-                    ids, budget, seed)
+        return Plan(request, ids, budget, seed)
 
-    def _method(self, spelling: str, param: str,
-                matching: bool = False) -> tuple[MethodInfo, Method, str]:
-        """The shared instance of a method. The engine verifies the rows of one instance in
-        one call; requests that verify by plain matching (temperature 0) get an instance of
-        their own, so that they take the engine's matching path, as they do offline."""
+    def _plan(self, config: RequestConfig, option: str | None) -> RequestPlan:
+        """Plan through :func:`verispec.plan.plan_request`; a 400 naming the request field
+        (or the server option ``option``) for what cannot run here."""
         try:
-            info, opts = resolve(spelling)
-            key = info.name + json.dumps(opts, sort_keys=True, default=str) + "=" * matching
-            if key not in self._methods:
-                label = info.name + ("[" + ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
-                                     + "]" if opts else "")
-                self._methods[key] = (info, build_method(info.name, **opts), label)
-        except (ValueError, TypeError) as exc:
-            raise APIError(400, f"{param}: {exc}", param=param, code="invalid_method") from None
-        return self._methods[key]
-
-    def _check_drafter(self, info: MethodInfo, method: Method, kind: str, needs_draft: bool,
-                       gamma: int | str) -> None:
-        if needs_draft and self.draft is None:
-            raise APIError(400, f"speculative.method: {info.name} drafts with a draft model and "
-                                "this server has none; use method ar or drafter ngram",
-                           param="speculative.method", code="no_draft_model")
-        if gamma == "auto" and info.uses_draft and not needs_draft:
-            raise APIError(400, "speculative.gamma: gamma auto times the draft model; the n-gram "
-                                "drafter has none: give an integer", param="speculative.gamma",
-                           code="invalid_value")
-        if info.uses_draft and info.runner is None:
-            try:  # the same checks as generate(); the drafter itself is built by build()
-                make_drafter(self.target, self.draft if needs_draft else None, method, kind=kind)
-            except ValueError as exc:
-                raise APIError(400, f"speculative.drafter: {exc}", param="speculative.drafter",
-                               code="invalid_value") from None
+            plan = plan_request(config, self._methods)
+        except PlanError as exc:
+            param = option or FIELDS[exc.field]
+            raise APIError(400, f"{param}: {exc}", param=param,
+                           code=CODES.get(exc.field, "invalid_value")) from None
+        param = option or "speculative.method"
+        if not plan.info.batchable:
+            raise APIError(400, f"{param}: {plan.info.name} runs by a schedule of its own and "
+                                "cannot share the server's batch; choose a batchable method "
+                                "(ar, token, block, greedy-block, lossy, multidraft, mjsd)",
+                           param=param, code="method_not_batchable")
+        if plan.needs_draft and self.draft is None:
+            raise APIError(400, f"{param}: {plan.info.name} drafts with a draft model and this "
+                                "server has none; use method ar or drafter ngram",
+                           param=param, code="no_draft_model")
+        return plan
 
     def _prompt_ids(self, gen: Generation) -> list[int]:
         param = "messages" if gen.messages is not None else "prompt"
@@ -212,25 +173,24 @@ class Planner:
 
     def build(self, plan: Plan, on_tokens: Callable[[list[int]], None]) -> Request:
         """The engine request of a plan (scheduler thread: it may time the pair)."""
-        drafter = self._drafter(plan)
-        pair = Pair(self.target, self.draft if plan.needs_draft else None)
-        policy = _policy(_Plan(plan.info, plan.method, plan.sampling, plan.gamma, pair, drafter),
-                         self.config.max_batch)
+        request = plan.request
+        drafter = self._drafter(request)
+        draft = self.draft if request.needs_draft else None
+        policy = gamma_policy(request, self.target, draft, drafter, self.config.max_batch)
         random = Randomness(torch.Generator(device=self.target.device).manual_seed(plan.seed))
-        return Request(list(plan.prompt_ids), plan.method, plan.sampling, plan.max_tokens,
-                       random, policy, drafter, on_tokens)
+        return Request(list(plan.prompt_ids), request.engine_method, request.sampling,
+                       plan.max_tokens, random, policy, drafter, on_tokens)
 
-    def _drafter(self, plan: Plan) -> Drafter | None:
+    def _drafter(self, plan: RequestPlan) -> Drafter | None:
         """One drafter per kind, shared by every request of that kind: one cache in the
         draft model, one batched draft pass per position for all of them."""
-        if plan.drafter_kind is None:
+        if plan.drafter is None:
             return None
-        key = (plan.drafter_kind, plan.method.drafter_kind,
-               getattr(plan.method, "num_beams", None))
+        key = (plan.drafter, getattr(plan.method, "num_beams", None))
         if key not in self._drafters:
             self._drafters[key] = make_drafter(
-                self.target, self.draft if plan.needs_draft else None, plan.method,
-                kind=plan.drafter_kind)
+                self.target, self.draft if plan.needs_draft else None, plan.engine_method,
+                kind="ngram" if plan.drafter == "ngram" else "model")
         return self._drafters[key]
 
     def reset_drafters(self) -> None:

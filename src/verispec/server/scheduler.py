@@ -245,7 +245,7 @@ class Scheduler:
         now = time.perf_counter()
         if job.first_token_at is None:
             job.first_token_at = now
-            self.metrics.first_token(job.plan.method_label, now - job.arrival)
+            self.metrics.first_token(job.plan.request.label, now - job.arrival)
         job.last_token_at = now
         text = job.text.feed(new)
         if job.text.stopped and job.row is not None and self._engine is not None:
@@ -274,7 +274,7 @@ class Scheduler:
         finish = "stop" if job.text.stopped else FINISH_REASONS.get(reason, "abort")
         decode = (job.last_token_at - job.first_token_at
                   if job.first_token_at is not None and job.last_token_at is not None else None)
-        self.metrics.finish(job.plan.method_label, reason, row.stats, decode)
+        self.metrics.finish(job.plan.request.label, reason, row.stats, decode)
         self._end(job, Final(tail, finish, reason, row.stats), None)
 
     def _end(self, job: Job, event: Event, reason: str | None) -> None:
@@ -283,7 +283,7 @@ class Scheduler:
             return
         job.done = True
         if reason is not None:
-            self.metrics.finish(job.plan.method_label, reason, None, None)
+            self.metrics.finish(job.plan.request.label, reason, None, None)
         job.post(event)
         with self._lock:
             self._outstanding -= 1

@@ -16,18 +16,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from verispec.checks import check_flag, check_positive
-from verispec.engine.protocols import Method, VerifyBatch
+from verispec.engine.protocols import ScheduledMethod
 from verispec.engine.request import GenerationOutput
 from verispec.methods.pearl.schedule import PLANS
 from verispec.methods.registry import MethodInfo
 from verispec.models.base import CausalLM
 from verispec.sampling import Randomness, Sampling
-from verispec.verify import VerifyResult
 
 __all__ = ["PEARL", "PearlMethod", "pearl_generate"]
 
 
-class PearlMethod(Method):
+class PearlMethod(ScheduledMethod):
     """PEARL's options; lossless.
 
     Attributes:
@@ -54,12 +53,9 @@ class PearlMethod(Method):
         self.target_threads = None if target_threads is None else check_positive(
             "target_threads", target_threads)
 
-    def verify(self, batch: VerifyBatch) -> VerifyResult:
-        raise TypeError("pearl runs its own schedule (pearl_generate), not the engine's loop")
-
 
 def pearl_generate(target: CausalLM, draft: CausalLM | None, prompt: Sequence[int], *,
-                   method: Method, sampling: Sampling, gamma: int | str | None,
+                   method: ScheduledMethod, sampling: Sampling, gamma: int | str | None,
                    max_new_tokens: int, random: Randomness,
                    on_tokens: Callable[[list[int]], None] | None = None) -> GenerationOutput:
     """Run one PEARL request with a fresh pair of workers (``gamma``: N, "auto" or None=auto)."""
