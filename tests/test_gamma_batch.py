@@ -185,7 +185,9 @@ def test_the_batched_harness_catches_a_biased_verifier() -> None:
 
 
 def _named(model: RandomContextLM, name: str) -> RandomContextLM:
+    """A toy model that poses as one loaded from a directory (so its costs are recorded)."""
     model.name = name
+    model.source = f"/models/{name}"  # type: ignore[attr-defined]
     return model
 
 
@@ -218,3 +220,8 @@ def test_pass_costs_are_timed_once_per_key(tmp_path: Path, monkeypatch: pytest.M
     measure_costs(target, draft, context=8, reps=1, rows=(1, 2), refresh=True)
     assert len(calls) == 4
     assert timing_file("x").parent == tmp_path / "timing"
+    records = set((tmp_path / "timing").glob("*.json"))
+    in_memory = RandomContextLM(3, seed=3), RandomContextLM(3, seed=4)  # no source: never kept
+    measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
+    measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 6 and set((tmp_path / "timing").glob("*.json")) == records

@@ -1,17 +1,22 @@
 """Load benchmark of ``verispec serve``: N concurrent streaming clients on loopback.
 
-For every method (``ar``, ``token``, ``block`` by default) and every concurrency (1, 2, 4,
-8) the benchmark sends the suite's prompts (HumanEval and/or Spec-Bench JSONL, see
+For every config (a method with one of the ``--gamma`` values: ``block γ=auto``,
+``block γ=8``; ``ar`` once), temperature and concurrency (1, 2, 4, 8 by default) the
+benchmark sends the suite's prompts (HumanEval and/or Spec-Bench JSONL, see
 :mod:`verispec.bench.suites`) through ``concurrency`` clients at once, each request
-streamed, and measures:
+streamed, ``--repeats`` times (interleaved: repeat → temperature → concurrency → config),
+and measures per cell:
 
 * throughput: completion tokens of the cell / its wall time (tokens/s);
 * time to first token (send → first text chunk) and time per output token ((last chunk −
   first chunk) / (tokens − 1)), p50 and p99 over the cell's requests;
-* block efficiency (mean over requests, from the ``speculative`` extension).
+* block efficiency (mean over requests) and mean γ (drafted tokens per target pass), from
+  the ``speculative`` extension.
 
-The method is chosen per request (``"speculative": {"method": ...}``) so one server serves
-every cell. Without ``--url`` the benchmark starts ``python -m verispec.server`` on
+The tables (:mod:`verispec.bench.serve_report`) average repeats and compare every γ auto
+config with the best other config at each temperature and concurrency, paired by repeat.
+The method and γ are chosen per request (``"speculative": {"method": ..., "gamma": ...}``)
+so one server serves every cell. Without ``--url`` the benchmark starts ``python -m verispec.server`` on
 127.0.0.1 with a free port and ``--max-batch`` = the largest concurrency, and stops it with
 SIGTERM at the end. Output: a markdown table on stdout and the JSON in ``--out``.
 
@@ -38,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from verispec.bench.measure import machine_description
+from verispec.bench.serve_report import auto_comparisons, render_comparisons, render_means
 from verispec.models.options import add_model_args
 
 __all__ = ["Cell", "Sample", "build_parser", "main", "render_table", "run_benchmark", "summarize"]
@@ -55,14 +62,19 @@ class Sample:
     tpot_s: float | None = None
     latency_s: float = 0.0
     block_efficiency: float | None = None
+    drafted: int = 0
+    target_calls: int = 0
     error: str | None = None
 
 
 @dataclass
 class Cell:
-    """One (method, concurrency) cell of the benchmark."""
+    """One (config, temperature, concurrency, repeat) cell of the benchmark."""
 
     method: str
+    gamma: str | None
+    temperature: float
+    repeat: int
     concurrency: int
     requests: int
     errors: int
@@ -74,7 +86,21 @@ class Cell:
     tpot_p50_s: float | None
     tpot_p99_s: float | None
     block_efficiency: float | None
+    mean_gamma: float | None
     samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The config: ``ar``, ``block γ=auto``, ``block γ=8`` (the server's γ: the method)."""
+        return self.method if self.gamma is None else f"{self.method} γ={self.gamma}"
+
+
+@dataclass(frozen=True)
+class Config:
+    """A method with one γ (None: the server's / the method's own)."""
+
+    method: str
+    gamma: str | None
 
 
 @dataclass
@@ -97,6 +123,34 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
+            from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    return values
+
+
+def _gammas(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or any(v != "auto" and not (v.isdigit() and int(v) >= 1) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated γ values (integers >= 1 or "
+                                         f"auto), got {text!r}")
+    return values
+
+
+def configs(methods: str, gammas: list[str] | None) -> list[Config]:
+    """Every method with every γ (``ar`` and methods without γ values once)."""
+    out = []
+    for method in [m.strip() for m in methods.split(",") if m.strip()]:
+        for gamma in ([None] if method == "ar" or not gammas else gammas):
+            out.append(Config(method, gamma))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verispec bench serve",
                                 description=__doc__.split("\n\n")[0])
@@ -114,9 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=16,
                    help="the first N prompts of each category (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64, help="budget per request")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--gamma", default=None,
-                   help="γ for the speculative methods (default: the server's / the method's)")
+    p.add_argument("--temperatures", type=_floats, default=[0.0],
+                   help="comma-separated temperatures (default 0 = greedy)")
+    p.add_argument("--gamma", type=_gammas, default=None,
+                   help="comma-separated γ values for the speculative methods, each a config "
+                        "of its own: integers or auto (default: the server's / the method's)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every cell this many times, interleaved (default 1)")
     p.add_argument("--seed", type=int, default=0, help="request i gets seed SEED + i")
     p.add_argument("--chat-template", choices=["auto", "on", "off"], default="auto",
                    help="send Spec-Bench turns to /v1/chat/completions (auto: if the model "
@@ -165,19 +223,19 @@ def _server(args: argparse.Namespace, max_batch: int) -> Iterator[str]:
 
 # -- the clients ----------------------------------------------------------------------------
 
-def _extension(method: str, gamma: str | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"method": method}
-    if gamma is not None and method != "ar":
-        spec["gamma"] = gamma if gamma == "auto" else int(gamma)
+def _extension(config: Config) -> dict[str, Any]:
+    spec: dict[str, Any] = {"method": config.method}
+    if config.gamma is not None and config.method != "ar":
+        spec["gamma"] = config.gamma if config.gamma == "auto" else int(config.gamma)
     return {"speculative": spec}
 
 
-async def _one(client: Any, model: str, job: Job, seed: int, method: str,
-               args: argparse.Namespace) -> Sample:
+async def _one(client: Any, model: str, job: Job, seed: int, config: Config,
+               temperature: float, args: argparse.Namespace) -> Sample:
     """Send one streamed request and time it."""
     sample = Sample(job.id)
-    common = dict(model=model, max_tokens=args.max_tokens, temperature=args.temperature,
-                  seed=seed, stream=True, extra_body=_extension(method, args.gamma))
+    common = dict(model=model, max_tokens=args.max_tokens, temperature=temperature,
+                  seed=seed, stream=True, extra_body=_extension(config))
     start = time.perf_counter()
     first = last = None
     try:
@@ -197,6 +255,8 @@ async def _one(client: Any, model: str, job: Job, seed: int, method: str,
                 sample.tokens = chunk.usage.completion_tokens if chunk.usage else 0
                 ext = (chunk.model_extra or {}).get("speculative") or {}
                 sample.block_efficiency = ext.get("block_efficiency")
+                sample.drafted = int(ext.get("drafted_tokens") or 0)
+                sample.target_calls = int(ext.get("target_calls") or 0)
     except Exception as exc:  # a failed request is counted, not fatal
         sample.error = f"{type(exc).__name__}: {exc}"
     sample.latency_s = time.perf_counter() - start
@@ -207,8 +267,8 @@ async def _one(client: Any, model: str, job: Job, seed: int, method: str,
     return sample
 
 
-async def _cell(client: Any, model: str, jobs: list[Job], method: str, concurrency: int,
-                args: argparse.Namespace) -> Cell:
+async def _cell(client: Any, model: str, jobs: list[Job], config: Config, temperature: float,
+                concurrency: int, repeat: int, args: argparse.Namespace) -> Cell:
     """All jobs through ``concurrency`` concurrent clients."""
     todo: asyncio.Queue[tuple[int, Job]] = asyncio.Queue()
     for item in enumerate(jobs):
@@ -218,27 +278,33 @@ async def _cell(client: Any, model: str, jobs: list[Job], method: str, concurren
     async def worker() -> None:
         while not todo.empty():
             i, job = todo.get_nowait()
-            samples.append(await _one(client, model, job, args.seed + i, method, args))
+            samples.append(await _one(client, model, job, args.seed + i, config, temperature,
+                                      args))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return summarize(method, concurrency, samples, time.perf_counter() - start)
+    return summarize(config, temperature, repeat, concurrency, samples,
+                     time.perf_counter() - start)
 
 
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def summarize(method: str, concurrency: int, samples: list[Sample], wall_s: float) -> Cell:
+def summarize(config: Config, temperature: float, repeat: int, concurrency: int,
+              samples: list[Sample], wall_s: float) -> Cell:
     """A cell's figures from its samples."""
     ok = [s for s in samples if s.error is None]
     ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
     tpot = [s.tpot_s for s in ok if s.tpot_s is not None]
     effs = [s.block_efficiency for s in ok if s.block_efficiency is not None]
     tokens = sum(s.tokens for s in ok)
-    return Cell(method, concurrency, len(samples), len(samples) - len(ok), tokens, wall_s,
-                tokens / wall_s if wall_s > 0 else 0.0, _pct(ttft, 50), _pct(ttft, 99),
-                _pct(tpot, 50), _pct(tpot, 99), float(np.mean(effs)) if effs else None, samples)
+    calls = sum(s.target_calls for s in ok)
+    mean_gamma = sum(s.drafted for s in ok) / calls if calls else None
+    return Cell(config.method, config.gamma, temperature, repeat, concurrency, len(samples),
+                len(samples) - len(ok), tokens, wall_s, tokens / wall_s if wall_s > 0 else 0.0,
+                _pct(ttft, 50), _pct(ttft, 99), _pct(tpot, 50), _pct(tpot, 99),
+                float(np.mean(effs)) if effs else None, mean_gamma, samples)
 
 
 async def _model_id(client: Any) -> str:
@@ -272,16 +338,23 @@ async def run_benchmark(url: str, jobs: list[Job], args: argparse.Namespace) -> 
                 args.chat_template == "off"
                 or not await _chat_supported(client, model, chats[0].text)):
             jobs = [Job(j.id, j.text, False) for j in jobs]
+        grid = configs(args.methods, args.gamma)
+        if args.warmup:
+            for config in grid:
+                await _one(client, model, jobs[0], args.seed, config, args.temperatures[0], args)
         cells = []
-        for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
-            if args.warmup:
-                await _one(client, model, jobs[0], args.seed, method, args)
-            for concurrency in args.concurrency:
-                cell = await _cell(client, model, jobs, method, concurrency, args)
-                print(f"  {method} x{concurrency}: {cell.throughput_tok_s:.1f} tok/s"
-                      f"{f', {cell.errors} errors' if cell.errors else ''}",
-                      file=sys.stderr, flush=True)
-                cells.append(cell)
+        for repeat in range(args.repeats):
+            for temperature in args.temperatures:
+                for concurrency in args.concurrency:
+                    for config in grid:
+                        cell = await _cell(client, model, jobs, config, temperature,
+                                           concurrency, repeat, args)
+                        gamma = "" if cell.mean_gamma is None else f", mean γ {cell.mean_gamma:.2f}"
+                        print(f"  [{repeat + 1}/{args.repeats}] T={temperature:g} {cell.label} "
+                              f"x{concurrency}: {cell.throughput_tok_s:.1f} tok/s{gamma}"
+                              f"{f', {cell.errors} errors' if cell.errors else ''}",
+                              file=sys.stderr, flush=True)
+                        cells.append(cell)
         return cells
     finally:
         await client.close()
@@ -294,15 +367,17 @@ def _ms(x: float | None) -> str:
 
 
 def render_table(cells: Sequence[Cell]) -> str:
-    """The markdown table of the cells."""
-    head = ["method", "clients", "requests", "errors", "tokens", "tok/s", "TTFT p50 ms",
-            "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "block eff."]
+    """The markdown table of the cells, one row per cell."""
+    head = ["T", "repeat", "config", "clients", "requests", "errors", "tokens", "tok/s",
+            "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "block eff.", "mean γ"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         eff = "—" if c.block_efficiency is None else f"{c.block_efficiency:.2f}"
-        row = [c.method, str(c.concurrency), str(c.requests), str(c.errors), str(c.tokens),
-               f"{c.throughput_tok_s:.1f}", _ms(c.ttft_p50_s), _ms(c.ttft_p99_s),
-               _ms(c.tpot_p50_s), _ms(c.tpot_p99_s), eff]
+        gamma = "—" if c.mean_gamma is None else f"{c.mean_gamma:.2f}"
+        row = [f"{c.temperature:g}", str(c.repeat + 1), c.label, str(c.concurrency),
+               str(c.requests), str(c.errors), str(c.tokens), f"{c.throughput_tok_s:.1f}",
+               _ms(c.ttft_p50_s), _ms(c.ttft_p99_s), _ms(c.tpot_p50_s), _ms(c.tpot_p99_s),
+               eff, gamma]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -317,8 +392,8 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m verispec.bench.serve``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if args.max_tokens < 1 or args.num_prompts < 1:
-        print("error: --max-tokens and --num-prompts must be >= 1", file=sys.stderr)
+    if args.max_tokens < 1 or args.num_prompts < 1 or args.repeats < 1:
+        print("error: --max-tokens, --num-prompts and --repeats must be >= 1", file=sys.stderr)
         return 2
     try:
         jobs = _jobs(args)
@@ -329,10 +404,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    table = render_table(cells)
+    comparisons = auto_comparisons(cells)
+    table = "\n\n".join(t for t in (render_means(cells), render_comparisons(comparisons),
+                                     render_table(cells)) if t)
     print(table)
     report = {"config": {k: v for k, v in vars(args).items()}, "prompts": len(jobs),
-              "cells": [asdict(c) for c in cells], "markdown": table}
+              "machine": machine_description(), "cells": [{**asdict(c), "label": c.label} for c in cells],
+              "comparisons": comparisons, "markdown": table}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"written {args.out}", file=sys.stderr)
     return 0 if all(c.errors == 0 for c in cells) else 1

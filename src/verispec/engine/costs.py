@@ -240,10 +240,13 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
     """The pair's :class:`BatchCosts`: read from its record when one exists for this key
     (models, precisions, machine, grid), else timed (target passes over :func:`grid_shapes`
     and draft steps over ``rows``, in turns, and the draft's prefill of ``context`` tokens)
-    and recorded. ``refresh`` times again whatever is recorded."""
+    and recorded. ``refresh`` times again whatever is recorded. Only models loaded from a
+    directory (a ``source``) are recorded: a model built in memory (toy tables, test
+    doubles) is not identified by its name, so it is timed afresh in every process."""
     shapes = grid_shapes(rows, ks)
     file = timing_file(cost_key(target, draft, context=context, shapes=shapes))
-    if not refresh:
+    recorded = all(getattr(m, "source", None) for m in (target, draft))
+    if recorded and not refresh:
         try:
             return BatchCosts.from_json(json.loads(file.read_text())["costs"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -257,6 +260,8 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
                        draft_prefill=prefill_cost(draft, context, reps=reps) / context)
     record = {"target": target.name, "draft": draft.name, "context": context,
               "costs": costs.to_json()}
+    if not recorded:
+        return costs
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_name(f".{file.name}.{os.getpid()}")
@@ -282,9 +287,12 @@ def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
     tokens (on spawned models: the callers' rows are untouched). The times are recorded
     under the cache directory, keyed by the models, their precisions and the machine, and
     read back by later calls (``refresh``: time again). Returns the one-row costs with the
-    batch grid attached (:attr:`PassCosts.batch`)."""
-    sizes = tuple(k for k in PROBE_SIZES if target.max_length is None
-                  or context + k <= target.max_length)
+    batch grid attached (:attr:`PassCosts.batch`). A context window shorter than twice
+    ``context`` shortens the timed context to half the window."""
+    windows = [m.max_length for m in (target, draft) if m.max_length is not None]
+    if windows:
+        context = max(1, min(context, min(windows) // 2))
+    sizes = tuple(k for k in PROBE_SIZES if not windows or context + k <= min(windows))
     grid_rows = tuple(sorted({1, *(BATCH_ROWS if rows is None else rows)}))
     return load_or_measure(target, draft, context=context, reps=reps, rows=grid_rows,
                            ks=sizes, refresh=refresh).single()

@@ -1,0 +1,130 @@
+"""The tables of ``verispec bench serve``: cells averaged over repeats, and γ auto against
+the better of its alternatives at every concurrency.
+
+A *config* is a method with one γ (``block γ=auto``, ``block γ=8``, ``ar``). For each
+temperature and concurrency the benchmark runs every config ``repeats`` times, interleaved
+(repeat → temperature → concurrency → config), so a repeat's cells are measured minutes
+apart at most and are paired by repeat:
+
+* **throughput** of a config: the mean of its repeats' tokens/s;
+* **auto / best**: for every config with γ ``auto``, the geometric mean over repeats of
+  its throughput divided by that of the *best other config* of the same temperature and
+  concurrency (best by mean throughput: ``ar`` or the same method at a fixed γ), with a
+  Student-t interval over repeats (none with one repeat);
+* **TPOT auto / ar**: the same ratio of p50 times per output token against ``ar``;
+* **mean γ**: drafted tokens per target pass of the config's requests (from the server's
+  ``speculative`` extension), the γ the policy chose on average.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from verispec.bench.metrics import paired_ratio_ci
+
+__all__ = ["CellLike", "auto_comparisons", "render_comparisons", "render_means"]
+
+
+class CellLike(Protocol):
+    label: str
+    gamma: str | None
+    temperature: float
+    concurrency: int
+    repeat: int
+    throughput_tok_s: float
+    tpot_p50_s: float | None
+    block_efficiency: float | None
+    mean_gamma: float | None
+    errors: int
+
+
+Key = tuple[float, int, str]  # (temperature, concurrency, config label)
+
+
+def _by_key(cells: Sequence[CellLike]) -> dict[Key, dict[int, CellLike]]:
+    out: dict[Key, dict[int, CellLike]] = defaultdict(dict)
+    for c in cells:
+        out[(c.temperature, c.concurrency, c.label)][c.repeat] = c
+    return out
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def render_means(cells: Sequence[CellLike]) -> str:
+    """One row per (temperature, concurrency, config): means over repeats."""
+    head = ["T", "clients", "config", "repeats", "errors", "tok/s", "TPOT p50 ms",
+            "block eff.", "mean γ"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (t, n, label), reps in sorted(_by_key(cells).items()):
+        runs = list(reps.values())
+        tpot = _mean([c.tpot_p50_s for c in runs])
+        eff, gamma = _mean([c.block_efficiency for c in runs]), _mean([c.mean_gamma for c in runs])
+        lines.append("| " + " | ".join([
+            f"{t:g}", str(n), label, str(len(runs)), str(sum(c.errors for c in runs)),
+            f"{statistics.fmean(c.throughput_tok_s for c in runs):.2f}",
+            "—" if tpot is None else f"{tpot * 1e3:.1f}",
+            "—" if eff is None else f"{eff:.2f}", "—" if gamma is None else f"{gamma:.2f}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def _paired(a: dict[int, CellLike], b: dict[int, CellLike],
+            metric: Callable[[CellLike], float | None]) -> dict[str, Any]:
+    logs = []
+    for rep in sorted(set(a) & set(b)):
+        x, y = metric(a[rep]), metric(b[rep])
+        if x is not None and y is not None and x > 0 and y > 0:
+            logs.append(math.log(x / y))
+    ratio, ci = paired_ratio_ci(logs)
+    return {"ratio": ratio, "ci": list(ci) if ci else None, "repeats": len(logs)}
+
+
+def auto_comparisons(cells: Sequence[CellLike]) -> list[dict[str, Any]]:
+    """γ auto against the best other config at each temperature and concurrency."""
+    keyed = _by_key(cells)
+    out = []
+    for (t, n, label), reps in sorted(keyed.items()):
+        if next(iter(reps.values())).gamma != "auto":
+            continue
+        method = label.split(" ")[0]
+        rivals = {lab: r for (t2, n2, lab), r in keyed.items()
+                  if (t2, n2) == (t, n) and lab != label
+                  and (lab == "ar" or lab.split(" ")[0] == method)}
+        if not rivals:
+            continue
+        best = max(rivals, key=lambda lab: statistics.fmean(
+            c.throughput_tok_s for c in rivals[lab].values()))
+        entry = {"temperature": t, "concurrency": n, "config": label, "best_other": best,
+                 "throughput": _paired(reps, rivals[best], lambda c: c.throughput_tok_s)}
+        if "ar" in rivals:
+            entry["tpot_vs_ar"] = _paired(reps, rivals["ar"], lambda c: c.tpot_p50_s)
+        out.append(entry)
+    return out
+
+
+def _ratio(entry: dict[str, Any] | None) -> str:
+    if entry is None or entry["ratio"] is None:
+        return "—"
+    ci = entry["ci"]
+    return f"{entry['ratio']:.3f}×" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def render_comparisons(entries: Sequence[dict[str, Any]]) -> str:
+    """The γ auto table (empty string when no config has γ auto)."""
+    if not entries:
+        return ""
+    head = ["T", "clients", "config", "best other", "throughput auto / best (95% CI)",
+            "TPOT p50 auto / ar"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in entries:
+        lines.append("| " + " | ".join([
+            f"{e['temperature']:g}", str(e["concurrency"]), e["config"], e["best_other"],
+            _ratio(e["throughput"]), _ratio(e.get("tpot_vs_ar"))]) + " |")
+    return "\n".join(lines)
