@@ -158,7 +158,7 @@ def test_bench_serve_is_the_server_load_benchmark(capsys: pytest.CaptureFixture[
     """``verispec bench serve`` runs ``verispec.bench.serve`` (checked before any server
     starts)."""
     assert main(["bench", "serve", "--max-tokens", "0"]) == 2
-    assert "--max-tokens and --num-prompts must be >= 1" in capsys.readouterr().err
+    assert "--max-tokens, --num-prompts and --repeats must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         main(["bench", "serve", "--help"])
     assert stop.value.code == 0 and "verispec bench serve" in capsys.readouterr().out
