@@ -13,12 +13,12 @@ from collections.abc import Sequence
 import pytest
 import torch
 from torch import Tensor
+from verifier_doubles import TargetResidual
 
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
 from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
 from verispec.engine.loop import Engine
-from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
 from verispec.methods import build_method
 from verispec.models.base import CausalLM
@@ -26,7 +26,6 @@ from verispec.models.toy import RandomContextLM, TableLM
 from verispec.sampling import Randomness, Sampling
 from verispec.theory.exact import target_law, tv_distance
 from verispec.theory.replay import engine_law, marginal
-from verispec.verify import VerifyPlan, token_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,17 +108,6 @@ def test_a_row_admitted_into_a_freed_slot_is_exact(method: str) -> None:
     _assert_equal(marginal(law, 2), target_law(target, prompts[2], Sampling(temperature=0.8), 2))
 
 
-class _TargetResidual(SingleDraftMethod):
-    """A deliberately wrong verifier: token acceptance, but Y ~ p after a rejection."""
-
-    def __init__(self) -> None:
-        def plan(p: Tensor, q: Tensor, x: Tensor, lengths: Tensor | None = None) -> VerifyPlan:
-            good = token_plan(p, q, x, lengths=lengths)
-            return VerifyPlan(good.accept_probs, p, good.rule, good.lengths)
-
-        super().__init__("token", plan)
-
-
 class _CrossedRows(RandomContextLM):
     """A deliberately broken model: with several rows, row b is scored with row b+1's logits
     for single-token steps (the kind of bug row bookkeeping can introduce)."""
@@ -133,7 +121,7 @@ def test_negative_controls_are_caught() -> None:
     target, draft = RandomContextLM(3, seed=21), RandomContextLM(3, seed=22)
     want = target_law(target, [0, 1], Sampling(), 3)
     wrong = engine_law(_runner(target, draft, [[0, 1]], "token", gamma=2, budgets=[3],
-                               batch_size=1, method_obj=_TargetResidual()), rows=1)
+                               batch_size=1, method_obj=TargetResidual()), rows=1)
     assert tv_distance(marginal(wrong, 0), want) > 1e-3
     biased = engine_law(_runner(target, draft, [[0, 1]], "greedy-block-unmodified", gamma=2,
                                 budgets=[3], batch_size=1), rows=1)

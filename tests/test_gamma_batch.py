@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from torch import Tensor
+from verifier_doubles import TargetResidual
 
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
@@ -28,7 +28,6 @@ from verispec.models.toy import RandomContextLM
 from verispec.sampling import Randomness, Sampling
 from verispec.theory.exact import target_law, tv_distance
 from verispec.theory.replay import engine_law, marginal
-from verispec.verify import VerifyPlan, token_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,17 +110,6 @@ def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:
                 t.observe(g, g if step % 4 else 0)
 
 
-class _TargetResidual(SingleDraftMethod):
-    """A deliberately wrong verifier: token acceptance, but Y ~ p after a rejection."""
-
-    def __init__(self) -> None:
-        def plan(p: Tensor, q: Tensor, x: Tensor, lengths: Tensor | None = None) -> VerifyPlan:
-            good = token_plan(p, q, x, lengths=lengths)
-            return VerifyPlan(good.accept_probs, p, good.rule, good.lengths)
-
-        super().__init__("token", plan)
-
-
 def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequence[int]],
                        budgets: Sequence[int], costs: PassCosts, batch_size: int,
                        ) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
@@ -178,7 +166,7 @@ def test_the_batched_harness_catches_a_biased_verifier() -> None:
     """Negative control: the same batches under the batch policy with a verifier that draws
     Y from p after a rejection are told apart from the target."""
     prompts, budgets = BATCHES[2]
-    run, target = _auto_batch_runner(_TargetResidual(), prompts, budgets, BALANCED.single(), 2)
+    run, target = _auto_batch_runner(TargetResidual(), prompts, budgets, BALANCED.single(), 2)
     law = engine_law(run, rows=2)
     assert max(tv_distance(marginal(law, b), target_law(target, p, Sampling(), n))
                for b, (p, n) in enumerate(zip(prompts, budgets, strict=True))) > 1e-3

@@ -369,22 +369,30 @@ def compare(a_path: str | Path, b_path: str | Path) -> str:
 # ---------------------------------------------------------------- regeneration
 
 
-def read_results_file(path: Path) -> list[Row]:
-    """The rows of a ``results.jsonl`` in file order (a later row with the same key replaces
-    the earlier one; an unterminated last line, a torn write, is ignored). The file is only
-    read."""
-    data = path.read_text(encoding="utf-8")
-    complete = data[:data.rfind("\n") + 1] if not data.endswith("\n") else data
+def results_by_key(path: Path, *, truncate: bool = False) -> dict[str, Row]:
+    """The complete rows of a ``results.jsonl`` by key, in file order (a later row with the
+    same key replaces the earlier one). An unterminated last line, a torn write, is ignored,
+    and with ``truncate`` cut off the file so that appending continues cleanly."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if truncate and end < len(data):  # the last write was interrupted
+        with path.open("r+b") as f:
+            f.truncate(end)
     rows: dict[str, Row] = {}
-    for lineno, line in enumerate(complete.splitlines(), 1):
+    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno} is not valid JSON") from exc
+            raise ValueError(f"{path}:{lineno} is not valid JSON; the file is damaged") from exc
         rows[row.get("key", f"line {lineno}")] = row
-    return list(rows.values())
+    return rows
+
+
+def read_results_file(path: Path) -> list[Row]:
+    """The rows of a ``results.jsonl`` (:func:`results_by_key`); the file is only read."""
+    return list(results_by_key(path).values())
 
 
 def _derived_meta(results: list[Row]) -> dict[str, Any]:

@@ -88,6 +88,7 @@ from verispec.bench.measure import (
     score_nll,
 )
 from verispec.bench.progress import Progress
+from verispec.bench.report import results_by_key
 from verispec.bench.sides import PeerRunner, llamacpp_meta, ours_timing, peer_fields, prepare_peers
 from verispec.bench.suites import Prompt, encode, load_suites
 from verispec.engine.stats import Stats
@@ -179,25 +180,9 @@ def _stats_fields(stats: dict[str, Any]) -> Row:
 
 
 def read_results(path: Path) -> dict[str, Row]:
-    """The complete rows of ``results.jsonl`` by key; a torn (unterminated) last line is
-    cut off the file so that appending continues cleanly."""
-    rows: dict[str, Row] = {}
-    if not path.exists():
-        return rows
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):  # the last write was interrupted
-        with path.open("r+b") as f:
-            f.truncate(end)
-    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno} is not valid JSON; the file is damaged") from exc
-        rows[row["key"]] = row
-    return rows
+    """The complete rows of ``results.jsonl`` by key (none if it does not exist); a torn
+    last line is cut off the file so that appending continues cleanly."""
+    return results_by_key(path, truncate=True) if path.exists() else {}
 
 
 @dataclass(frozen=True)
