@@ -196,16 +196,31 @@ def test_engine_input_errors() -> None:
 
 
 def test_api_generate_batch_matches_generate_per_prompt() -> None:
+    """With a fixed γ a seeded prompt's output does not depend on the batch."""
     prompts = ["ABC", "A", "BBBBD"]
-    for method in ("block", "multidraft[num_drafts=2]", "ar", "mjsd", "greedy-block"):
+    for method, gamma in (("block", 8), ("multidraft[num_drafts=2]", 8), ("ar", None),
+                          ("mjsd", None), ("greedy-block", 3)):
         res = verispec.generate_batch("toy:random:5:1", "toy:random:5:2", prompts,
-                                      method=method, max_new_tokens=9, seeds=[5, 6, 7],
-                                      batch_size=2)
+                                      method=method, gamma=gamma, max_new_tokens=9,
+                                      seeds=[5, 6, 7], batch_size=2)
         for p, s, r in zip(prompts, [5, 6, 7], res.results, strict=True):
             one = verispec.generate("toy:random:5:1", "toy:random:5:2", p, method=method,
-                                    max_new_tokens=9, seed=s)
+                                    gamma=gamma, max_new_tokens=9, seed=s)
             assert (r.tokens, r.text) == (one.tokens, one.text), method
         assert res.stats.requests == 3 and res.stats.tokens_emitted == 27
+        assert res.stats.gamma == (gamma if gamma is not None else
+                                   (0 if method == "ar" else 4))  # mjsd's beam: its default
+
+
+def test_generate_batch_chooses_gamma_auto_by_default_where_the_draft_model_drafts() -> None:
+    prompts = ["ABC", "A"]
+    args = ("toy:random:5:1", "toy:random:5:2", prompts)
+    assert verispec.generate_batch(*args, max_new_tokens=4).stats.gamma == "auto"
+    assert verispec.generate_batch(*args, max_new_tokens=4, gamma=2).stats.gamma == 2
+    ngram = verispec.generate_batch(*args, max_new_tokens=4, drafter="ngram")
+    assert ngram.stats.gamma == 8  # prompt lookup has no draft model to time: the default
+    assert verispec.generate("toy:random:5:1", "toy:random:5:2", "AB",
+                             max_new_tokens=4).stats.gamma == 8  # one prompt: unchanged
     with pytest.raises(ValueError, match="schedule of its own"):
         verispec.generate_batch("toy:random:5:1", "toy:random:5:2", prompts, method="mjgd")
     with pytest.raises(ValueError, match="seeds"):

@@ -25,6 +25,7 @@ def _server() -> ServerHandle:
     draft = RandomContextLM(VOCAB, 1, sharpness=1.5, max_length=64)
     target.name, target.tokenizer = "toy-target", ToyTokenizer(VOCAB)
     app = create_app(target, draft, ServerConfig(max_batch=2, shutdown_timeout_s=5.0))
+    assert app.state.verispec.planner.default.gamma == "auto"  # the server's default
     handle = ServerHandle(app, "127.0.0.1", 0)
     handle.start(timeout_s=60)
     return handle

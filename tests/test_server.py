@@ -104,8 +104,11 @@ def chat_prompt(content: str) -> str:
 
 @contextmanager
 def live(target: CausalLM, draft: CausalLM | None, **config: Any) -> Iterator[ServerHandle]:
-    """The app on 127.0.0.1:<free port> in a thread; stopped (and checked) afterwards."""
+    """The app on 127.0.0.1:<free port> in a thread; stopped (and checked) afterwards.
+    Requests give their γ; the default method's is fixed (γ auto would time the slow
+    doubles at start-up)."""
     config.setdefault("shutdown_timeout_s", 5.0)
+    config.setdefault("gamma", 8)
     handle = ServerHandle(create_app(target, draft, ServerConfig(**config)), "127.0.0.1", 0)
     handle.start(timeout_s=60)
     try:

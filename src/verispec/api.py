@@ -125,8 +125,8 @@ class _Run:
 
 
 def _prepare(target: str | CausalLM, draft: str | CausalLM | None, config: RequestConfig,
-             progress: Callable[[str], None] | None) -> _Run:
-    plan = plan_request(config)
+             progress: Callable[[str], None] | None, batched: bool = False) -> _Run:
+    plan = plan_request(config, auto_default=batched)
     pair = load_pair(target, draft, needs_draft=plan.needs_draft, precision=config.precision,
                      target_precision=config.target_precision,
                      draft_precision=config.draft_precision, progress=progress)
@@ -236,11 +236,23 @@ def generate_batch(
     """Batched :func:`generate`: many prompts, ``batch_size`` rows decoded together.
 
     Prompt i draws its randomness only from its own generator seeded with ``seeds[i]``
-    (default: ``seed`` for every prompt), so its output is the one :func:`generate` gives it
-    with that seed, whatever else shares the batch (exactly on toy models; up to the float
-    rounding of batched kernels on real ones). A finished row's slot takes the next prompt.
+    (default: ``seed`` for every prompt). Two promises, by γ:
+
+    * **a fixed γ** (an int): its output is the one :func:`generate` gives it with that seed
+      and γ, whatever else shares the batch (exactly on toy models; up to the float rounding
+      of batched kernels on real ones);
+    * **γ auto** (the default where the draft model drafts): each iteration's draft lengths
+      are chosen for the whole batch from the past only (each row's acceptance so far, the
+      pair's pooled acceptance, the measured cost of a batched pass), so every prompt's
+      output law is exactly the method's (the target's for a lossless method), but at
+      T > 0 its seeded text can depend on the rest of the batch: another γ uses other
+      random draws.
+
+    A finished row's slot takes the next prompt.
 
     Args:
+        gamma: draft length γ; None: ``"auto"`` where the draft model drafts, else the
+            method's default.
         prompts: texts or token-id lists.
         max_new_tokens: one budget, or one per prompt.
         batch_size: rows decoded at once (default: all prompts).
@@ -261,7 +273,7 @@ def generate_batch(
                          f"{len(seeds)} and {len(budgets)}")
     config = RequestConfig(method, method_options, gamma, drafter, None, temperature, top_k,
                            top_p, precision, draft_precision=draft_precision)
-    run = _prepare(target, draft, config, progress)
+    run = _prepare(target, draft, config, progress, batched=True)
     plan = run.plan
     if not plan.info.batchable:
         raise ValueError(f"{plan.info.name} runs by a schedule of its own and cannot share a "

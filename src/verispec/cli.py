@@ -41,8 +41,10 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="token/block with the model drafter: end a draft early where the draft "
                         "model's own top probability (at T=1) is below P; still lossless")
     p.add_argument("--gamma", type=parse_gamma, default=None,
-                   help="draft length γ (default: 8; 4 for mjsd/mjgd); pearl: the window, "
-                        "'auto' (its default) measures c = T(target)/T(draft) and uses round(c)")
+                   help="draft length γ (default: 8; 4 for mjsd/mjgd; auto with --prompts "
+                        "where the draft model drafts: chosen per iteration for the batch); "
+                        "pearl: the window, 'auto' (its default) measures c = "
+                        "T(target)/T(draft) and uses round(c)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)

@@ -189,8 +189,14 @@ def _label(info: MethodInfo, options: Mapping[str, Any]) -> str:
     return f"{info.name}[{inner}]" if inner else info.name
 
 
-def plan_request(config: RequestConfig, methods: MethodCache | None = None) -> RequestPlan:
-    """Plan a request; :class:`PlanError` (a ValueError) names the setting at fault."""
+def plan_request(config: RequestConfig, methods: MethodCache | None = None, *,
+                 auto_default: bool = False) -> RequestPlan:
+    """Plan a request; :class:`PlanError` (a ValueError) names the setting at fault.
+
+    ``auto_default``: the request shares a batch (the server, :func:`verispec.generate_batch`),
+    so where the caller gave no γ and the draft model drafts, γ is ``auto``: chosen each
+    iteration for the whole batch from the measured cost of a batched pass, rather than the
+    method's fixed default, which costs throughput once the batch is wide."""
     try:
         info, options = resolve(config.method, **config.options)
         if "verifier" in options and info.name != "pearl":
@@ -200,8 +206,9 @@ def plan_request(config: RequestConfig, methods: MethodCache | None = None) -> R
         method = build_method(info.name, **options)
     except (ValueError, TypeError) as exc:
         raise PlanError("method", str(exc)) from None
-    gamma = check_gamma(info, config.gamma)
     drafter, needs_draft = drafter_for(info, config.drafter)
+    auto = auto_default and config.gamma is None and drafter == "model"
+    gamma = check_gamma(info, "auto" if auto else config.gamma)
     _check_drafter(method, drafter, config.draft_stop)
     if gamma == "auto" and info.uses_draft and not needs_draft:
         raise PlanError("gamma", "gamma auto times the draft model; the n-gram drafter has none: "

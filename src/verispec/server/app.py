@@ -74,7 +74,7 @@ def create_app(target: CausalLM, draft: CausalLM | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if config.warm_costs and draft is not None:
+        if (config.warm_costs or planner.default.gamma == "auto") and draft is not None:
             await asyncio.to_thread(pair_costs, target, draft, config.max_batch)
         scheduler.start()
         try:

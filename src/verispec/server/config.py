@@ -16,9 +16,10 @@ class ServerConfig:
     Attributes:
         method: the speculation a request gets when it does not choose one (a method name,
             optionally with options in brackets, as ``verispec generate --method``).
-        gamma: γ for ``method`` (an int, ``"auto"``, or None for the method's default, as
-            ``verispec generate`` without ``--gamma``). A request that chooses another
-            method without a γ gets that method's default.
+        gamma: γ for ``method``: an int, ``"auto"``, or None: ``"auto"`` where the draft
+            model drafts (each iteration's draft lengths chosen for the whole batch from the
+            measured cost of a batched pass), else the method's default. A request that
+            chooses another method without a γ gets the same rule for that method.
         drafter: ``model`` (the draft model) or ``ngram`` (prompt lookup), the default of
             requests that do not choose.
         max_batch: rows decoded together (the engine's batch size).
@@ -32,8 +33,8 @@ class ServerConfig:
         retry_after_s: the ``Retry-After`` of a 429 (whole seconds).
         shutdown_timeout_s: on SIGINT/SIGTERM, in-flight requests may finish for this long;
             what is still running then is cancelled.
-        warm_costs: time the pair's pass costs (for ``gamma=auto``) at start-up rather than
-            at the first request that needs them.
+        warm_costs: time the pair's pass costs at start-up even where the default method
+            does not use γ auto (it always does where it does).
     """
 
     method: str = "block"

@@ -94,7 +94,7 @@ class Planner:
         """Plan through :func:`verispec.plan.plan_request`; a 400 naming the request field
         (or the server option ``option``) for what cannot run here."""
         try:
-            plan = plan_request(config, self._methods)
+            plan = plan_request(config, self._methods, auto_default=True)
         except PlanError as exc:
             param = option or FIELDS[exc.field]
             raise APIError(400, f"{param}: {exc}", param=param,
