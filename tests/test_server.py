@@ -20,7 +20,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,23 +38,12 @@ from verispec.models.hf import HFCausalLM  # noqa: E402
 from verispec.models.toy import RandomContextLM, ToyTokenizer  # noqa: E402
 from verispec.server import ServerConfig, ServerHandle, create_app  # noqa: E402
 from verispec.server.cli import add_command  # noqa: E402
+from verispec.server.testing import ChatToyTokenizer  # noqa: E402
 from verispec.server.text import TextStream  # noqa: E402
 
 VOCAB, EOS, WINDOW = 12, 11, 64
 MODEL = "toy-target"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class ChatToyTokenizer(ToyTokenizer):
-    """Letters, plus a chat template: a role letter before each message, D to answer."""
-
-    chat_template = "toy"
-
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], tokenize: bool = False,
-                            add_generation_prompt: bool = False) -> str:
-        roles = {"system": "A", "developer": "A", "user": "B", "assistant": "C"}
-        text = "".join(roles[m["role"]] + m["content"] for m in messages)
-        return text + ("D" if add_generation_prompt else "")
 
 
 class SlowLM(RandomContextLM):

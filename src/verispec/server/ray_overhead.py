@@ -1,0 +1,140 @@
+"""Router overhead: the latency Ray Serve adds to a request, against the single-process server.
+
+Starts ``verispec serve`` twice on 127.0.0.1 with the toy pair of
+:mod:`verispec.server.testing`: once as one process, once with ``--replicas N`` on a local
+Ray (or takes a running Ray endpoint from ``--url``), then sends the same small
+non-streamed completion to each, one request at a time, alternating between the two so
+that drift in the machine's load hits both alike. Reports the median latency of each, the
+median of the per-pair difference (the added latency per request: Serve's HTTP proxy, the
+ingress, the handle call to the engine replica and back) and the CPU.
+
+Run: ``python -m verispec.server.ray_overhead --requests 200`` (needs the ray extra).
+The toy pair decodes in microseconds, so the figure is the serving path, not the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+from verispec.server.testing import MODEL
+
+__all__ = ["build_parser", "main", "measure"]
+
+FACTORY = "verispec.server.testing:toy_pair"
+START_TIMEOUT_S = 300.0
+
+
+@contextmanager
+def launched(extra: Sequence[str]) -> Iterator[str]:
+    """``python -m verispec.server`` with the toy pair on a free port; yields its URL and
+    stops it with SIGTERM afterwards."""
+    argv = [sys.executable, "-m", "verispec.server", "--model-factory", FACTORY,
+            "--method", "ar", "--port", "0", "--log-level", "warning", *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    timer = threading.Timer(START_TIMEOUT_S, proc.kill)
+    timer.start()
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        timer.cancel()
+        if " on http://" not in line:
+            raise RuntimeError(f"verispec serve did not start: {line!r}")
+        yield line.split(" on ", 1)[1].split()[0]
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
+class _Client:
+    """One keep-alive connection; :meth:`post` returns the request's seconds."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.hostname is None:
+            raise ValueError(f"not a URL: {url!r}")
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=60)
+
+    def post(self, body: bytes) -> float:
+        start = time.perf_counter()
+        self.conn.request("POST", "/v1/completions", body,
+                          {"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        payload = resp.read()
+        elapsed = time.perf_counter() - start
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {payload[:200]!r}")
+        return elapsed
+
+
+def measure(single_url: str, ray_url: str, requests: int, warmup: int = 20,
+            max_tokens: int = 4) -> dict[str, float | int]:
+    """Alternate the same request between the two endpoints; latencies in milliseconds."""
+    if requests < 1 or warmup < 0:
+        raise ValueError(f"requests must be >= 1 and warmup >= 0, got {requests}, {warmup}")
+    body = json.dumps({"model": MODEL, "prompt": "ABC", "max_tokens": max_tokens,
+                       "seed": 1}).encode()
+    single, ray = _Client(single_url), _Client(ray_url)
+    for _ in range(warmup):
+        single.post(body), ray.post(body)
+    a, b = [], []
+    for _ in range(requests):
+        a.append(single.post(body) * 1e3)
+        b.append(ray.post(body) * 1e3)
+    added = [y - x for x, y in zip(a, b, strict=True)]
+    return {"requests": requests, "single_p50_ms": statistics.median(a),
+            "ray_p50_ms": statistics.median(b), "added_p50_ms": statistics.median(added),
+            "added_p90_ms": statistics.quantiles(added, n=10)[-1] if requests > 1 else added[0]}
+
+
+def _cpu() -> str:
+    try:
+        from verispec.telemetry.machine import cpu_info
+
+        return str(cpu_info().model_name)
+    except Exception:  # noqa: BLE001 - the figure does not depend on naming the CPU
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verispec.server.ray_overhead",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=200, help="measured pairs (default 200)")
+    p.add_argument("--warmup", type=int, default=20, help="unmeasured pairs first (default 20)")
+    p.add_argument("--max-tokens", type=int, default=4, help="tokens per request (default 4)")
+    p.add_argument("--replicas", type=int, default=1, help="engine replicas (default 1)")
+    p.add_argument("--url", default=None,
+                   help="a running Ray endpoint of the toy pair (default: start one)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with launched([]) as single_url:
+        if args.url:
+            result = measure(single_url, args.url, args.requests, args.warmup, args.max_tokens)
+        else:
+            with launched(["--replicas", str(args.replicas)]) as ray_url:
+                result = measure(single_url, ray_url, args.requests, args.warmup,
+                                 args.max_tokens)
+    print(json.dumps({**result, "replicas": args.replicas, "cpu": _cpu()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

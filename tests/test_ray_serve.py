@@ -1,0 +1,609 @@
+"""``verispec serve --replicas``: the server as Ray Serve replicas on a local Ray (loopback).
+
+One cluster for the module: ``python -m verispec.server --replicas 2`` in a subprocess,
+serving the toy pair of :mod:`verispec.server.testing` (no end-of-text token, so every
+request runs to its budget) with a shared control directory that slows down or holds the
+replicas' forward passes. Responses are compared with the single-process server's for the
+same requests and seeds (fixed γ), through the official ``openai`` client without retries.
+The last cluster test stops it with SIGINT and checks that no process is left.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from verispec.server import ServerConfig, ServerHandle, create_app
+from verispec.server.cli import main as serve_main
+from verispec.server.replica_options import ModelSpec, ReplicaOptions
+from verispec.server.testing import MODEL, set_delay, set_gate, toy_pair
+
+HAS_RAY = find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="the ray extra is not installed "
+                                                   "(pip install 'verispec[ray]')")
+pytestmark = [pytest.mark.ray,  # Ray Serve's own pydantic deprecations:
+              pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")]
+
+ROOT = Path(__file__).resolve().parents[1]
+FACTORY = "verispec.server.testing:toy_pair"
+SETTINGS = {"method": "block", "gamma": 3, "max_batch": 4, "max_queue": 12}
+START_TIMEOUT_S = 240.0
+SHUTDOWN_S = 8  # the cluster's --shutdown-timeout
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (None: no such process)."""
+    try:
+        return Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> set[int]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(entry) if entry.isdigit() else None
+        if fields:
+            tree.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if (fields := _stat(p)) and fields[0] != "Z"}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Cluster:
+    proc: subprocess.Popen[str]
+    port: int
+    control: Path
+    stderr: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> Any:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0,
+                             timeout=120)
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as {'name{label="v",...}': value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            text = resp.read().decode()
+        finally:
+            conn.close()
+        return _samples(text_string_to_metric_families(text))
+
+
+def _samples(families: Iterator[Any]) -> dict[str, float]:
+    out = {}
+    for family in families:
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+def per_replica(m: dict[str, float], name: str, **labels: str) -> dict[str, float]:
+    """{replica: value} of one series (the other labels as given)."""
+    out: dict[str, float] = {}
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    for key, value in m.items():
+        if key.startswith(name + "{") and all(w in key for w in want):
+            replica = key.split('replica="', 1)[1].split('"', 1)[0]
+            out[replica] = out.get(replica, 0.0) + value
+    return out
+
+
+def settled(cluster: Cluster, name: str, **labels: str) -> dict[str, float]:
+    """{replica: value} once two reads more than a publish period apart agree (a replica's
+    figures reach /metrics up to a second late)."""
+    last = per_replica(cluster.metrics(), name, **labels)
+    for _ in range(20):
+        time.sleep(1.2)
+        now = per_replica(cluster.metrics(), name, **labels)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{name} did not settle: {last}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if not HAS_RAY:
+        pytest.skip("the ray extra is not installed (pip install 'verispec[ray]')")
+    if not Path("/proc").is_dir():
+        pytest.skip("following the cluster's processes needs Linux's /proc")
+    control = tmp_path_factory.mktemp("control")
+    stderr = tmp_path_factory.mktemp("log") / "server.err"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    argv = [sys.executable, "-m", "verispec.server", "--model-factory", FACTORY,
+            "--factory-kwargs", json.dumps({"control_dir": str(control), "eos": False}),
+            "--replicas", "2", "--port", str(port), "--method", SETTINGS["method"],
+            "--gamma", str(SETTINGS["gamma"]), "--max-batch", str(SETTINGS["max_batch"]),
+            "--max-queue", str(SETTINGS["max_queue"]), "--shutdown-timeout", str(SHUTDOWN_S),
+            "--log-level", "warning"]
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first: list[str] = []
+        reader = threading.Thread(target=lambda: first.append(
+            proc.stdout.readline() if proc.stdout else ""), daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        line = first[0] if first else ""
+        assert f" on http://127.0.0.1:{port} " in line, (line, stderr.read_text()[-3000:])
+        cl = Cluster(proc, port, control, stderr)
+        wait_for(lambda: len(per_replica(cl.metrics(), "verispec_replica_info")) == 2,
+                 what="both replicas' metrics")
+        yield cl
+    finally:
+        set_gate(control, False)
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop the server if it still runs, and every process it started, whatever state it
+    is in (a failed start included)."""
+    if proc.poll() is not None:
+        return
+    pids = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+    for pid in alive(pids | descendants(proc.pid)):  # never leave a process behind
+        os.kill(pid, signal.SIGKILL)
+
+
+# -- the single-process reference -------------------------------------------------------------
+
+_REFERENCE: dict[str, str] = {}
+
+
+def reference(requests: list[dict[str, Any]]) -> list[str]:
+    """What the single-process server answers (same pair, same settings), text by request."""
+    todo = [r for r in requests if _key(r) not in _REFERENCE]
+    if todo:
+        config = ServerConfig(**SETTINGS, shutdown_timeout_s=2.0)  # type: ignore[arg-type]
+        handle = ServerHandle(create_app(*toy_pair(eos=False), config), "127.0.0.1", 0)
+        with handle:
+            c = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0)
+            for r in todo:
+                _REFERENCE[_key(r)] = _ask(c, {**r, "stream": False})[0]
+    return [_REFERENCE[_key(r)] for r in requests]
+
+
+def _key(request: dict[str, Any]) -> str:  # streamed or not, the same text
+    return json.dumps({k: v for k, v in request.items() if k != "stream"}, sort_keys=True)
+
+
+def _ask(client: Any, request: dict[str, Any]) -> tuple[str, Any]:
+    """(text, last chunk or response) of one request, streamed or not, chat or not."""
+    body = dict(request)
+    chat = "messages" in body
+    extra = {"speculative": body.pop("speculative")} if "speculative" in body else None
+    api = client.chat.completions if chat else client.completions
+    resp = api.create(model=MODEL, extra_body=extra, **body)
+    if not body.get("stream"):
+        choice = resp.choices[0]
+        return (choice.message.content if chat else choice.text), resp
+    parts, last = [], None
+    for chunk in resp:
+        if chunk.choices:
+            choice = chunk.choices[0]
+            parts.append((choice.delta.content if chat else choice.text) or "")
+            if choice.finish_reason is not None:
+                last = chunk
+    return "".join(parts), last
+
+
+def requests_mix(n: int, max_tokens: int = 20) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        r: dict[str, Any] = {"seed": 100 + i, "max_tokens": max_tokens, "stream": i % 2 == 0,
+                             "temperature": [1.0, 0.7, 0.0][i % 3],
+                             "speculative": {"method": ["block", "token", "ar"][i % 3],
+                                             "gamma": 3}}
+        chat = {"messages": [{"role": "user", "content": "ABBA"}]}
+        out.append({**r, **(chat if i % 4 == 3 else {"prompt": ["ABC", "BCA", "CCB"][i % 3]})})
+    return out
+
+
+# -- serving -------------------------------------------------------------------------------------
+
+@needs_ray
+def test_sixteen_concurrent_streams_equal_the_single_process_server(cluster: Cluster) -> None:
+    cases = [{**r, "stream": True} for r in requests_mix(16, max_tokens=24)]
+    before = per_replica(cluster.metrics(), "verispec_requests_total", status="200")
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda r: _ask(cluster.client(), r), cases))
+    for case, (text, last), want in zip(cases, got, reference(cases), strict=True):
+        assert text == want, case
+        assert last.choices[0].finish_reason == "length"
+        ar = case["speculative"]["method"] == "ar"
+        assert last.model_extra["speculative"]["gamma"] == (0 if ar else 3)
+
+    def spread() -> bool:  # both replicas served some: the router spreads the load
+        after = per_replica(cluster.metrics(), "verispec_requests_total", status="200")
+        served = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        return sum(served.values()) == 16 and min(served.values()) > 0 and len(served) == 2
+
+    wait_for(spread, 30, "the requests in both replicas' metrics")
+
+
+@needs_ray
+def test_sixty_four_concurrent_requests_none_lost_past_the_queue_limit(cluster: Cluster) -> None:
+    """Held replicas take max_batch + max_queue = 16 requests each; the rest are answered 429
+    with Retry-After by the replica (as one server does); every accepted one completes."""
+    cases = requests_mix(64, max_tokens=12)
+    capacity = 2 * (SETTINGS["max_batch"] + SETTINGS["max_queue"])
+    results: list[tuple[str, Any] | BaseException | None] = [None] * 64
+    before = sum(settled(cluster, "verispec_requests_total", status="200").values())
+
+    def one(i: int) -> None:
+        try:
+            results[i] = _ask(cluster.client(), cases[i])
+        except Exception as exc:  # noqa: BLE001 - kept for the assertions below
+            results[i] = exc
+
+    set_gate(cluster.control, True)
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            futures = [pool.submit(one, i) for i in range(64)]
+
+            def routed() -> bool:
+                limited = sum(isinstance(r, openai.RateLimitError) for r in results)
+                accepted = sum(per_replica(cluster.metrics(), "verispec_requests_total",
+                                           status="200").values()) - before
+                return limited + accepted == 64
+
+            wait_for(routed, 60, "every request accepted or refused")
+            set_gate(cluster.control, False)
+            for f in futures:
+                f.result(120)
+    finally:
+        set_gate(cluster.control, False)
+    done = [(i, r) for i, r in enumerate(results) if isinstance(r, tuple)]
+    limited = [r for r in results if isinstance(r, openai.RateLimitError)]
+    assert len(done) + len(limited) == 64, [r for r in results if not isinstance(r, tuple)]
+    assert len(done) == capacity  # the router filled both replicas before either refused
+    for err in limited:
+        assert err.status_code == 429 and err.body["code"] == "queue_full"
+        assert err.response.headers["retry-after"] == "1"
+    wants = reference([cases[i] for i, _ in done])
+    for (i, (text, _)), want in zip(done, wants, strict=True):
+        assert text == want, cases[i]
+
+
+@needs_ray
+def test_a_client_that_disconnects_frees_its_row_in_the_replica(cluster: Cluster) -> None:
+    def finished(reason: str) -> float:
+        return sum(per_replica(cluster.metrics(), "verispec_requests_finished_total",
+                               reason=reason).values())
+
+    cancelled = finished("cancelled")
+    set_delay(cluster.control, 0.1)  # 50 tokens: ~5 s
+    try:
+        stream = cluster.client().completions.create(
+            model=MODEL, prompt="AB", max_tokens=50, seed=1, stream=True,
+            extra_body={"speculative": {"method": "ar"}})
+        chunks = iter(stream)
+        next(chunks), next(chunks)
+        stream.close()
+        wait_for(lambda: finished("cancelled") == cancelled + 1, 20, "the request cancelled")
+    finally:
+        set_delay(cluster.control, 0.0)
+    assert sum(per_replica(cluster.metrics(), "verispec_active_rows").values()) == 0
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    text: str = ""
+    error: BaseException | None = None
+    ended: float = 0.0
+    finish: str | None = None
+
+
+def _run_request(client: Any, request: dict[str, Any], out: Outcome) -> None:
+    """Run a request, keeping the text streamed before any error."""
+    try:
+        if request.get("stream"):
+            body = {k: v for k, v in request.items() if k != "speculative"}
+            stream = client.completions.create(model=MODEL, **body, extra_body={
+                "speculative": request["speculative"]})
+            for chunk in stream:
+                out.text += chunk.choices[0].text if chunk.choices else ""
+                out.finish = chunk.choices[0].finish_reason if chunk.choices else out.finish
+        else:
+            out.text = _ask(client, request)[0]
+    except Exception as exc:  # noqa: BLE001 - the outcome under test
+        out.error = exc
+    out.ended = time.monotonic()
+
+
+def _place(cluster: Cluster, request: dict[str, Any], out: Outcome,
+           threads: list[threading.Thread]) -> str:
+    """Send a request (in a thread); the replica that took it (from the metrics: the one
+    whose count of accepted requests grew; replicas may come and go meanwhile)."""
+    served = settled(cluster, "verispec_requests_total", status="200")
+    thread = threading.Thread(target=_run_request, args=(cluster.client(), request, out))
+    thread.start()
+    threads.append(thread)
+    grown: dict[str, float] = {}
+
+    def accepted() -> bool:
+        now = per_replica(cluster.metrics(), "verispec_requests_total", status="200")
+        grown.update({r: v - served.get(r, 0.0) for r, v in now.items()
+                      if v > served.get(r, 0.0)})
+        return bool(grown)
+
+    wait_for(accepted, 30, f"the request to be accepted ({served}, {out})")
+    assert sum(grown.values()) == 1, (served, grown)
+    return next(iter(grown))
+
+
+@needs_ray
+def test_a_replica_killed_mid_stream_ends_its_streams_and_ray_restarts_it(
+        cluster: Cluster) -> None:
+    """Streams of the killed replica end with an error event (no hang), its non-streamed
+    requests (not answered yet) are served by the other replica, the other replica's
+    requests are unaffected, and Ray Serve starts a new replica within 60 s."""
+    kinds = [True, True, False, False, True, False, True, False]  # streamed or not
+    requests = [{"prompt": "ABC", "seed": 500 + i, "max_tokens": 60, "stream": s,
+                 "speculative": {"method": "ar"}} for i, s in enumerate(kinds)]
+    wants = reference(requests)
+    m = cluster.metrics()
+    pids = {r: int(k.split('pid="')[1].split('"')[0]) for k in m
+            if k.startswith("verispec_replica_info")
+            for r in [k.split('replica="')[1].split('"')[0]]}
+    rerouted = sum(v for k, v in m.items() if k.startswith("verispec_ingress_rerouted_total"))
+    outcomes = [Outcome() for _ in requests]
+    threads: list[threading.Thread] = []
+    placed: dict[int, str] = {}
+
+    def running(replica: str) -> set[bool]:  # the kinds of its requests still running
+        return {kinds[j] for j, p in placed.items() if p == replica and not outcomes[j].ended}
+
+    set_delay(cluster.control, 0.3)  # 60 tokens: ~18 s per request
+    try:
+        for i, request in enumerate(requests):  # until a replica runs both kinds
+            placed[i] = _place(cluster, request, outcomes[i], threads)
+            both = [r for r in pids if running(r) == {True, False}]
+            if both and len(set(placed.values())) == 2:
+                break
+        assert both, placed
+        victim = both[0]
+        # its streams have sent text: they have started answering (a stream that has not
+        # is sent to the other replica, like a non-streamed request)
+        wait_for(lambda: all(outcomes[j].text for j, p in placed.items()
+                             if p == victim and kinds[j]), 30, "the streams' first text")
+        live = {j for j, p in placed.items() if p == victim and not outcomes[j].ended}
+        os.kill(pids[victim], signal.SIGKILL)
+        killed_at = time.monotonic()
+        for t in threads:
+            t.join(120)
+    finally:
+        set_delay(cluster.control, 0.0)
+    for i, replica in placed.items():
+        out = outcomes[i]
+        if i in live and kinds[i]:  # a stream of the killed replica: the error event
+            assert isinstance(out.error, openai.APIError), (i, out)
+            assert out.error.code == "replica_failed" and "incomplete" in out.error.message
+            assert 0 < len(out.text) < 60 and wants[i].startswith(out.text)
+            assert out.ended - killed_at < 30
+        else:  # served in full, by its replica or (not answered yet) by the other one
+            assert out.error is None and out.text == wants[i], (i, replica, out)
+    moved = [i for i in live if not kinds[i]]
+    assert moved and any(kinds[i] for i in live)
+
+    def restarted() -> bool:
+        replicas = per_replica(cluster.metrics(), "verispec_replica_info")
+        return len(replicas) == 2 and victim not in replicas
+
+    wait_for(restarted, 60 - (time.monotonic() - killed_at), "a new replica")
+    m = cluster.metrics()
+    now = sum(v for k, v in m.items() if k.startswith("verispec_ingress_rerouted_total"))
+    assert 1 <= now - rerouted <= len(moved)
+    text, _ = _ask(cluster.client(), {"prompt": "AB", "seed": 1, "max_tokens": 6})
+    assert text == reference([{"prompt": "AB", "seed": 1, "max_tokens": 6}])[0]
+
+
+# -- shutdown (the module's last cluster test) ---------------------------------------------------
+
+@needs_ray
+def test_sigint_lets_in_flight_requests_finish_cancels_at_the_deadline_and_leaves_no_process(
+        cluster: Cluster) -> None:
+    """As the single-process server: new requests are refused, in-flight ones may finish
+    for --shutdown-timeout (8 s), what still runs is cancelled (finish_reason "abort")."""
+    short, long = ({"prompt": "ABC", "seed": 9, "max_tokens": n, "stream": True,
+                    "speculative": {"method": "ar"}} for n in (12, 60))
+    pids = descendants(cluster.proc.pid)
+    assert len(pids) >= 6  # Ray's own processes, the proxy, the ingress and two engines
+    outcomes, threads = [Outcome(), Outcome()], []
+    set_delay(cluster.control, 0.25)  # ~3 s and ~15 s
+    try:
+        for request, out in zip((short, long), outcomes, strict=True):
+            _place(cluster, request, out, threads)
+        cluster.proc.send_signal(signal.SIGINT)
+        refused: list[BaseException] = []
+
+        def refuses() -> bool:  # the replicas took the drain order: new requests get 503
+            try:
+                cluster.client().completions.create(model=MODEL, prompt="A", max_tokens=1)
+            except openai.InternalServerError as exc:
+                refused.append(exc)
+            return bool(refused)
+
+        wait_for(refuses, SHUTDOWN_S - 2, "new requests to be refused")
+        assert refused[0].status_code == 503 and refused[0].body["code"] == "shutting_down"
+        assert cluster.proc.wait(120) == 0
+        for t in threads:
+            t.join(60)
+    finally:
+        set_delay(cluster.control, 0.0)
+    done, cut = outcomes
+    assert done.error is None and done.finish == "length"
+    assert done.text == reference([short])[0]
+    assert cut.error is None and cut.finish == "abort"
+    assert 0 < len(cut.text) < 60 and reference([long])[0].startswith(cut.text)
+    assert "stopped" in cluster.stderr.read_text()
+    wait_for(lambda: not alive(pids), 30, "every Ray process to end")
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", cluster.port)) != 0  # nothing listens any more
+
+
+# -- arguments, the app builder and the Serve config file (no cluster) --------------------------
+
+def test_replicas_without_the_ray_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    for name in ("verispec.server.ray_runner", "verispec.server.ray_serve",
+                 "verispec.server.ray_state"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as without the extra
+    assert serve_main(["--model-factory", FACTORY, "--replicas", "2"]) == 2
+    message = capsys.readouterr().err
+    assert "pip install 'verispec[ray]'" in message and "--replicas" in message
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replicas", "0"], "--replicas must be >= 1"),
+    (["--replicas", "2", "--max-replicas", "3"], "not both"),
+    (["--min-replicas", "1"], "both --min-replicas and --max-replicas"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "0 <= --min-replicas <= --max-replicas"),
+    (["--replicas", "2", "--replica-cpus", "-1"], "--replica-cpus must be >= 0"),
+    (["--replicas", "2", "--model-factory", "no-colon"], "module:function"),
+    (["--replicas", "2", "--model-factory", "verispec.server.testing:nothing"], "no function"),
+])
+def test_replica_arguments_are_checked_before_anything_starts(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = argv if "--model-factory" in argv else ["--model-factory", FACTORY, *argv]
+    assert serve_main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_model_spec_and_replica_options() -> None:
+    spec = ModelSpec(factory=FACTORY, factory_kwargs={"delay": 0.0})
+    target, draft = spec.load()
+    assert target.name == MODEL and draft is not None
+    with pytest.raises(ValueError, match="no function"):
+        ModelSpec(factory="verispec.server.testing:nothing").load()
+    with pytest.raises(ValueError, match="cannot import"):
+        ModelSpec(factory="verispec.nothing_here:toy_pair").load()
+    with pytest.raises(ValueError, match=r"must return \(target, draft or None\)"):
+        ModelSpec(factory="verispec.server.testing:set_gate",
+                  factory_kwargs={"control_dir": "/nonexistent", "closed": False}).load()
+    with pytest.raises(ValueError, match="target model or a model factory"):
+        ModelSpec()
+    options = ReplicaOptions(replicas=2)
+    assert options.engine_max_ongoing(4, 12) >= 16
+    with pytest.raises(ValueError, match="below max_batch \\+ max_queue"):
+        ReplicaOptions(replicas=2, max_ongoing_requests=10).engine_max_ongoing(4, 12)
+    args = argparse.Namespace(replicas=None, min_replicas=None, max_replicas=None,
+                              address=None, replica_cpus=1.0)
+    assert ReplicaOptions.from_args(args) is None  # the single-process server
+    args.address = "127.0.0.1:6379"
+    assert ReplicaOptions.from_args(args) == ReplicaOptions(replicas=1)
+
+
+def test_the_single_process_server_takes_a_model_factory() -> None:
+    from verispec.server.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["--model-factory", FACTORY, "--factory-kwargs",
+                                      '{"eos": false}', "--max-batch", "2"])
+    target, _ = ModelSpec.from_args(args).load()
+    assert target.eos_token_ids == frozenset() and config_from_args(args).max_batch == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--factory-kwargs", "[1]"])
+
+
+@needs_ray
+def test_the_app_builder_takes_verispec_serve_options() -> None:
+    from verispec.server.ray_serve import app_builder, deployment_options
+
+    app = app_builder({"model_factory": FACTORY, "factory_kwargs": '{"eos": false}',
+                       "replicas": "3", "max_batch": 4, "max_queue": "12", "method": "token",
+                       "gamma": 2, "no_draft": "false"})
+    ingress = app._bound_deployment
+    engine = ingress.init_args[0]._bound_deployment
+    assert (ingress.name, engine.name, engine.num_replicas) == ("VerispecIngress",
+                                                                "VerispecEngine", 3)
+    assert engine.max_ongoing_requests >= 4 + 12 and ingress.ray_actor_options["num_cpus"] == 0
+    spec, config = engine.init_args
+    assert spec.factory_kwargs == {"eos": False} and (config.method, config.gamma) == ("token", 2)
+    scaled, _ = deployment_options(config, ReplicaOptions(replicas=None, min_replicas=1,
+                                                          max_replicas=4))
+    assert scaled["autoscaling_config"]["target_ongoing_requests"] == config.max_batch
+    for bad, message in [({"port": 8000}, "http_options.port"),
+                         ({"replicaz": 2}, "unknown application argument"),
+                         ({"no_draft": "maybe"}, "switch"),
+                         ({"max_batch": "many"}, "invalid int value")]:
+        with pytest.raises(ValueError, match=message):
+            app_builder({"model_factory": FACTORY, **bad})
+
+
+@needs_ray
+def test_the_committed_serve_config_file_parses_and_builds() -> None:
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    from verispec.server.replica_options import load_factory
+
+    raw = yaml.safe_load((ROOT / "docs" / "ray-serve.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    assert schema.http_options.host == "127.0.0.1"
+    (app,) = schema.applications
+    built = load_factory(app.import_path)(app.args)
+    engine = built._bound_deployment.init_args[0]._bound_deployment
+    spec, config = engine.init_args
+    assert spec.target and spec.draft and engine.num_replicas == app.args["replicas"]
+    assert engine.max_ongoing_requests >= config.max_batch + config.max_queue
