@@ -20,6 +20,15 @@ so one server serves every cell. Without ``--url`` the benchmark starts ``python
 127.0.0.1 with a free port and ``--max-batch`` = the largest concurrency, and stops it with
 SIGTERM at the end. Output: a markdown table on stdout and the JSON in ``--out``.
 
+Peers: ``--peer NAME`` with ``--url`` benchmarks another OpenAI-compatible server (one
+config, labelled NAME; ``--peer-command`` records how it was started), and ``--vllm
+plain|spec:K[:METHOD]`` starts vLLM's CPU build on ``--target``/``--draft`` through
+:mod:`verispec.bench.vllm` and stops it after. A peer's requests carry no ``speculative``
+extension and ask for usage in the stream (``stream_options``); the report records the
+peer's name, URL, command and version (``GET /version``). ``python -m
+verispec.bench.serve_report MERGED.json A.json B.json`` puts the cells of several reports
+(verispec's and its peers') in one table.
+
 Run: ``python -m verispec.bench.serve --methods ar,token,block --concurrency 1,2,4,8``
 (needs ``pip install 'verispec[serve,bench]'``).
 """
@@ -45,6 +54,17 @@ import numpy as np
 
 from verispec.bench.measure import machine_description
 from verispec.bench.serve_report import auto_comparisons, render_comparisons, render_means
+from verispec.bench.vllm import (
+    DTYPES,
+    PeerSpec,
+    VllmServer,
+    build_command,
+    find_vllm,
+    free_port,
+    peer_arg,
+    server_version,
+    vllm_environment,
+)
 from verispec.models.options import add_model_args
 
 __all__ = ["Cell", "Sample", "build_parser", "main", "render_table", "run_benchmark", "summarize"]
@@ -177,16 +197,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed warm-up request of each method")
     p.add_argument("--out", default="serve-bench.json", help="the JSON report")
+    _add_peer_args(p)
     return p
+
+
+def _add_peer_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("peers (other servers; requests without the speculative "
+                             "extension)")
+    g.add_argument("--peer", default=None, metavar="NAME",
+                   help="benchmark --url (or --vllm) as the peer NAME: one config labelled "
+                        "NAME, --methods and --gamma ignored")
+    g.add_argument("--peer-command", default=None,
+                   help="the command that started the --url peer, for the report")
+    g.add_argument("--vllm", type=peer_arg, default=None, metavar="plain|spec:K[:METHOD]",
+                   help="start vLLM's CPU build on --target/--draft (verispec.bench.vllm) "
+                        "on 127.0.0.1, benchmark it as a peer (default name vllm-plain, "
+                        "vllm-spec-kK[-METHOD]) and stop it")
+    g.add_argument("--vllm-path", default=None,
+                   help="the vLLM venv, its bin/vllm or bin/python (default $VERISPEC_VLLM "
+                        "or ~/.cache/verispec/vllm-venv)")
+    g.add_argument("--vllm-dtype", choices=DTYPES, default="float32",
+                   help="vLLM's --dtype (default %(default)s)")
+    g.add_argument("--vllm-kv-cache-gib", type=int, default=4,
+                   help="vLLM's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE, default %(default)s)")
 
 
 # -- the server -----------------------------------------------------------------------------
 
 @contextmanager
+def _vllm_server(args: argparse.Namespace) -> Iterator[str]:
+    """vLLM started for ``--vllm`` (its command kept in ``args.peer_command``)."""
+    python = find_vllm(args.vllm_path)
+    argv = build_command(python, args.target, port=free_port(), draft=args.draft,
+                         spec=args.vllm, dtype=args.vllm_dtype)
+    env = vllm_environment(len(os.sched_getaffinity(0)), args.vllm_kv_cache_gib, python)
+    server = VllmServer(argv, env)
+    args.peer_command = server.command
+    print(f"starting vLLM: {server.command}\nlog: {server.log_path}",
+          file=sys.stderr, flush=True)
+    with server:
+        yield server.url
+
+
+@contextmanager
 def _server(args: argparse.Namespace, max_batch: int) -> Iterator[str]:
-    """The URL of a server: ``--url``, or a subprocess started here and stopped after."""
+    """The URL of a server: ``--url``, vLLM for ``--vllm``, or ``verispec serve`` started
+    here; what was started is stopped after."""
     if args.url:
         yield args.url.rstrip("/")
+        return
+    if args.vllm:
+        with _vllm_server(args) as url:
+            yield url
         return
     argv = [sys.executable, "-m", "verispec.server", "--target", args.target,
             "--draft", args.draft, "--precision", args.precision, "--host", "127.0.0.1",
@@ -229,8 +291,12 @@ async def _one(client: Any, model: str, job: Job, seed: int, config: Config,
                temperature: float, args: argparse.Namespace) -> Sample:
     """Send one streamed request and time it."""
     sample = Sample(job.id)
-    common = dict(model=model, max_tokens=args.max_tokens, temperature=temperature,
-                  seed=seed, stream=True, extra_body=_extension(config))
+    common: dict[str, Any] = {"model": model, "max_tokens": args.max_tokens,
+                              "temperature": temperature, "seed": seed, "stream": True}
+    if args.peer:  # a peer gets no extension; usage comes in a chunk of its own
+        common["stream_options"] = {"include_usage": True}
+    else:
+        common["extra_body"] = _extension(config)
     start = time.perf_counter()
     first = last = None
     try:
@@ -246,8 +312,9 @@ async def _one(client: Any, model: str, job: Job, seed: int, config: Config,
             if text:
                 first = now if first is None else first
                 last = now
+            if chunk.usage is not None:
+                sample.tokens = chunk.usage.completion_tokens
             if choice is not None and choice.finish_reason is not None:
-                sample.tokens = chunk.usage.completion_tokens if chunk.usage else 0
                 ext = (chunk.model_extra or {}).get("speculative") or {}
                 sample.block_efficiency = ext.get("block_efficiency")
                 sample.drafted = int(ext.get("drafted_tokens") or 0)
@@ -333,7 +400,7 @@ async def run_benchmark(url: str, jobs: list[Job], args: argparse.Namespace) -> 
                 args.chat_template == "off"
                 or not await _chat_supported(client, model, chats[0].text)):
             jobs = [Job(j.id, j.text, False) for j in jobs]
-        grid = configs(args.methods, args.gamma)
+        grid = [Config(args.peer, None)] if args.peer else configs(args.methods, args.gamma)
         if args.warmup:
             for config in grid:
                 await _one(client, model, jobs[0], args.seed, config, args.temperatures[0], args)
@@ -384,17 +451,43 @@ def _jobs(args: argparse.Namespace) -> list[Job]:
     return [Job(p.id, p.text, p.chat) for p in load_suites(specs, args.num_prompts)]
 
 
+def _check(args: argparse.Namespace) -> str | None:
+    """The error in the options, if any (and ``--peer`` defaulted for ``--vllm``)."""
+    if args.max_tokens < 1 or args.num_prompts < 1 or args.repeats < 1:
+        return "--max-tokens, --num-prompts and --repeats must be >= 1"
+    if args.vllm and args.url:
+        return "--vllm starts a server of its own: give --url or --vllm, not both"
+    if args.vllm and not args.peer:
+        args.peer = args.vllm.name
+    if args.peer and not (args.url or args.vllm):
+        return "--peer names the server at --url (or the one --vllm starts)"
+    if args.peer_command and not args.peer:
+        return "--peer-command needs --peer"
+    return None
+
+
+def _peer_record(args: argparse.Namespace, url: str | None) -> dict[str, Any] | None:
+    """The peer's name, URL, command and version (None for verispec)."""
+    if not args.peer:
+        return None
+    return {"name": args.peer, "url": url, "command": args.peer_command,
+            "version": server_version(url) if url else None}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m verispec.bench.serve``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if args.max_tokens < 1 or args.num_prompts < 1 or args.repeats < 1:
-        print("error: --max-tokens, --num-prompts and --repeats must be >= 1", file=sys.stderr)
+    error = _check(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     try:
         jobs = _jobs(args)
         with _server(args, max(args.concurrency)) as url:
-            print(f"benchmarking {url}: {len(jobs)} prompts, methods {args.methods}, "
+            what = f"peer {args.peer}" if args.peer else f"methods {args.methods}"
+            print(f"benchmarking {url}: {len(jobs)} prompts, {what}, "
                   f"clients {args.concurrency}", file=sys.stderr, flush=True)
+            peer = _peer_record(args, url)
             cells = asyncio.run(run_benchmark(url, jobs, args))
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -403,8 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = "\n\n".join(t for t in (render_means(cells), render_comparisons(comparisons),
                                      render_table(cells)) if t)
     print(table)
-    report = {"config": {k: v for k, v in vars(args).items()}, "prompts": len(jobs),
-              "machine": machine_description(), "cells": [{**asdict(c), "label": c.label} for c in cells],
+    config = {k: str(v) if isinstance(v, PeerSpec) else v for k, v in vars(args).items()}
+    report = {"config": config, "prompts": len(jobs), "machine": machine_description(),
+              "peer": peer, "cells": [{**asdict(c), "label": c.label} for c in cells],
               "comparisons": comparisons, "markdown": table}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"written {args.out}", file=sys.stderr)

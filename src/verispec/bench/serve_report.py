@@ -14,19 +14,31 @@ apart at most and are paired by repeat:
 * **TPOT auto / ar**: the same ratio of p50 times per output token against ``ar``;
 * **mean γ**: drafted tokens per target pass of the config's requests (from the server's
   ``speculative`` extension), the γ the policy chose on average.
+
+Merging: ``python -m verispec.bench.serve_report MERGED.json A.json B.json ...`` puts the
+cells of several reports (say verispec's, ``vllm-plain``'s and ``vllm-spec-k4``'s) into
+one report whose tables show every config's rows side by side; each source's config, peer
+and machine are kept under ``sources``. A label already taken by an earlier report gets
+`` @FILE-STEM`` appended; γ auto is compared within each report only, so two runs'
+repeats are never paired.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from verispec.bench.metrics import paired_ratio_ci
 
-__all__ = ["CellLike", "auto_comparisons", "render_comparisons", "render_means"]
+__all__ = ["CellLike", "auto_comparisons", "main", "merge_reports", "render_comparisons",
+           "render_means"]
 
 
 class CellLike(Protocol):
@@ -128,3 +140,45 @@ def render_comparisons(entries: Sequence[dict[str, Any]]) -> str:
             f"{e['temperature']:g}", str(e["concurrency"]), e["config"], e["best_other"],
             _ratio(e["throughput"]), _ratio(e.get("tpot_vs_ar"))]) + " |")
     return "\n".join(lines)
+
+
+def merge_reports(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One report from ``(name, report)`` pairs: all cells, the tables over all of them,
+    and each source's config, peer and machine under ``sources``."""
+    cells: list[dict[str, Any]] = []
+    sources, comparisons = [], []
+    for name, report in reports:
+        taken = {c["label"] for c in cells}
+        own = [{**c, "label": c["label"] + (f" @{name}" if c["label"] in taken else "")}
+               for c in report["cells"]]
+        comparisons += auto_comparisons([SimpleNamespace(**c) for c in own])  # within a run
+        cells += own
+        sources.append({"name": name, "config": report.get("config"),
+                        "peer": report.get("peer"), "machine": report.get("machine")})
+    rows: list[Any] = [SimpleNamespace(**c) for c in cells]
+    table = "\n\n".join(t for t in (render_means(rows), render_comparisons(comparisons)) if t)
+    return {"sources": sources, "cells": cells, "comparisons": comparisons, "markdown": table}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verispec.bench.serve_report MERGED.json A.json B.json ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or any(a.startswith("-") for a in args):
+        print("usage: python -m verispec.bench.serve_report MERGED.json REPORT.json ...\n"
+              "merges reports of verispec bench serve into one", file=sys.stderr)
+        return 2
+    try:
+        reports = [(Path(a).stem, json.loads(Path(a).read_text(encoding="utf-8")))
+                   for a in args[1:]]
+        merged = merge_reports(reports)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    Path(args[0]).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    print(merged["markdown"])
+    print(f"written {args[0]}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
