@@ -67,7 +67,8 @@ from verispec.bench.vllm import (
 )
 from verispec.models.options import add_model_args
 
-__all__ = ["Cell", "Sample", "build_parser", "main", "render_table", "run_benchmark", "summarize"]
+__all__ = ["Cell", "Sample", "build_parser", "launched", "main", "render_table", "run_benchmark",
+           "summarize"]
 
 START_TIMEOUT_S = 900.0  # loading the real pair may fetch and convert it first
 
@@ -257,22 +258,33 @@ def _server(args: argparse.Namespace, max_batch: int) -> Iterator[str]:
     for flag in ("target_precision", "draft_precision"):
         if getattr(args, flag):
             argv += ["--" + flag.replace("_", "-"), getattr(args, flag)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+    with launched(argv) as url:
+        yield url
+
+
+@contextmanager
+def launched(argv: Sequence[str], timeout_s: float = START_TIMEOUT_S,
+             stop_wait_s: float = 120.0) -> Iterator[str]:
+    """Run ``verispec serve``'s command line ``argv`` (port 0: a free one) until it prints
+    its URL (at most ``timeout_s``), yield the URL, and stop it with SIGTERM afterwards
+    (killed if it has not exited within ``stop_wait_s``)."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    timer = threading.Timer(START_TIMEOUT_S, proc.kill)
+    timer = threading.Timer(timeout_s, proc.kill)
     timer.start()
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         timer.cancel()
         if " on http://" not in line:
-            raise RuntimeError(f"the server did not start (exit status {proc.wait(60)})")
+            raise RuntimeError(f"verispec serve did not start (exit status {proc.wait(60)}): "
+                               f"{line!r}")
         yield line.split(" on ", 1)[1].split()[0]
     finally:
         timer.cancel()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(60)
+                proc.wait(stop_wait_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(30)

@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+from verispec.bench.serve import launched as launched_server
 from verispec.server.testing import MODEL
 
 __all__ = ["build_parser", "main", "measure"]
@@ -41,24 +39,8 @@ def launched(extra: Sequence[str]) -> Iterator[str]:
     stops it with SIGTERM afterwards."""
     argv = [sys.executable, "-m", "verispec.server", "--model-factory", FACTORY,
             "--method", "ar", "--port", "0", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    timer = threading.Timer(START_TIMEOUT_S, proc.kill)
-    timer.start()
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        timer.cancel()
-        if " on http://" not in line:
-            raise RuntimeError(f"verispec serve did not start: {line!r}")
-        yield line.split(" on ", 1)[1].split()[0]
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+    with launched_server(argv, START_TIMEOUT_S) as url:
+        yield url
 
 
 class _Client:
