@@ -163,7 +163,6 @@ def test_hf_model_rows_match_single_forward_passes(tiny: Callable[[str], HFCausa
         return _fresh(lambda: tiny("target"), tokens)[-1]
 
     _random_ops(model, reference, 64, atol=1e-4, steps=40)
-    assert model.packs > 0  # holes really got packed away
 
 
 def test_spawn_shares_weights_not_the_cache(tiny: Callable[[str], HFCausalLM]) -> None:

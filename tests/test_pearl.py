@@ -451,7 +451,7 @@ def test_cli_pearl_json_and_timeline_match_the_reference(tmp_path) -> None:
 @pytest.mark.parametrize("argv, message", [
     (["--method", "ar", "--gamma", "auto"], "gamma must be an integer for ar"),
     (["--method", "mjgd", "--gamma", "auto"], "gamma must be an integer for mjgd"),
-    (["--method", "token[verifier=block]"], "does not take the option(s) verifier"),
+    (["--method", "token[verifier=block]"], "only pearl takes a verifier"),
     (["--method", "block", "--timeline", "x.png"], "--timeline needs --method pearl"),
     (["--method", "pearl[verifier=multidraft]"], "token or block"),
     (["--method", "pearl", "--drafter", "ngram"], "the n-gram drafter cannot serve it"),

@@ -77,7 +77,7 @@ class SharedPrefixLM(CausalLM):
         self.inner.select_rows(list(range(before)) + [where[tuple(p)] for p in prefixes])
 
     def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
-        return self.inner.extend(tokens, num_logits)  # [R, n, V]
+        return self.inner.extend(tokens, num_logits, check=False)  # [R, n, V], checked here
 
     def _rollback(self, lengths: list[int]) -> None:
         self.inner.rollback(lengths)

@@ -105,7 +105,8 @@ def beam_search(
         score = score[parents] + q[parents, tokens].log()  # [R']
         if i < steps - 1 or with_next:
             model.select_rows(parents.tolist())  # a no-op when the beams keep their rows
-            logits = model.extend(tokens[:, None], num_logits=1)[:, 0]  # [R', V]
+            logits = model.extend([[t] for t in tokens.tolist()], num_logits=1,
+                                  check=False)[:, 0]  # [R', V]
             positions += len(tokens)
             parents = torch.arange(len(tokens), device=parents.device)  # row r is beam r now
     best = hist[0]  # [K, 3]: the best beam is ranked first
@@ -172,7 +173,7 @@ class BeamDrafter(Drafter):
             return Draft(tokens=torch.empty((1, 0), dtype=torch.int64),
                          probs=torch.empty((1, 0, model.vocab_size)),
                          joint=torch.empty((1, 0), dtype=torch.float64))
-        first = model.extend([row.context[model.length :]], num_logits=1)[0, 0]  # [V]
+        first = model.extend([row.context[model.length :]], num_logits=1, check=False)[0, 0]  # [V]
         beam = beam_search(model, first, gamma, self.num_beams, row.sampling,
                            with_next=row.with_next)
         self._base[row.id], self._fed[row.id] = len(row.context), beam.fed

@@ -109,7 +109,7 @@ class ModelDrafter(Drafter):
                 tails[s] = r.context[lengths[s]:]
         if not any(tails):
             return [_empty(r, model.vocab_size) for r in rows]
-        logits = model.extend(tails, num_logits=1)[:, 0]  # [R, V]
+        logits = model.extend(tails, num_logits=1, check=False)[:, 0]  # [R, V]
         forks = [1] * len(self._ids)
         for r, g, s in zip(rows, gammas, slots, strict=True):
             forks[s] = r.num_drafts if g > 0 else 1
@@ -150,7 +150,7 @@ class ModelDrafter(Drafter):
                     live[b] = False
             if not any(feed):
                 break
-            logits = model.extend(feed, num_logits=1)[:, 0]  # [R', V]
+            logits = model.extend(feed, num_logits=1, check=False)[:, 0]  # [R', V]
             fed = [bool(feed[spans[b].start]) for b in range(n)]
             fresh = self._warp(rows, spans, fed, logits)
             for b, r in enumerate(rows):

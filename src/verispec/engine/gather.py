@@ -81,7 +81,7 @@ def score_blocks(target: CausalLM, rows: Sequence[Row], drafts: Sequence[Draft])
         blocks.extend(pending + tokens[m] for m in range(fork))
     if any(f > 1 for f in forks):
         target.select_rows([b for b, f in enumerate(forks) for _ in range(f)])
-    logits = target.extend(blocks)  # [R', k_max, V]
+    logits = target.extend(blocks, check=False)  # [R', k_max, V]; ids checked at submission
     return Scored(logits, starts, forks, offsets, sizes)
 
 

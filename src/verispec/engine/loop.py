@@ -77,7 +77,8 @@ class Engine:
         check_request(self.target, request.prompt, request.max_new_tokens)
         stats = Stats(method=request.method.name, lossless=request.method.lossless,
                       gamma=request.gamma.label)  # type: ignore[union-attr]
-        row = Row(next(self._ids), request, [int(t) for t in request.prompt], stats,
+        prompt = self.target.check_tokens(request.prompt)  # decoding then skips the checks
+        row = Row(next(self._ids), request, prompt, stats,
                   state=request.method.new_state())
         request.gamma.start(len(row.context), request.max_new_tokens)  # type: ignore[union-attr]
         self.waiting.append(row)

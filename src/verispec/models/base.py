@@ -16,7 +16,14 @@ drive every model through these verbs, whatever the number of rows.
   rows of its own, such as one request's beam search.
 
 Everything ragged (rows of different lengths, padding, masks, positions, per-row cache
-rollback) lives in the implementations, never in the engine.
+rollback) lives in the implementations, never in the engine. The models keep each row's
+cache in a slot allocated once and reused (:mod:`verispec.models.slots`), so adding,
+dropping, reordering and forking rows copies no other row's cache.
+
+The verbs check their arguments: every token id is converted and range-checked, once per
+token. A caller whose tokens are already R lists of valid ids (the engine and its drafters:
+prompts are checked once when a request is submitted, :meth:`CausalLM.check_tokens`) passes
+``check=False`` to ``extend`` and skips that per-token work on the decoding path.
 """
 
 from __future__ import annotations
@@ -102,6 +109,11 @@ class CausalLM(ABC):
     def spawn(self) -> CausalLM:
         """An empty model with the same weights and a cache of its own."""
 
+    def reserve(self, rows: int) -> None:
+        """Hint: room for ``rows`` rows live at once, allocated now so that admitting and
+        forking rows up to that many never grows the cache (a no-op where nothing is
+        preallocated)."""
+
     # -- the verbs, with their checks ---------------------------------------------------------
 
     @property
@@ -118,7 +130,7 @@ class CausalLM(ABC):
 
     def add_rows(self, prefixes: Sequence[Sequence[int]]) -> None:
         """Append one row per prefix, with the prefix prefilled (a prefix may be empty)."""
-        rows = [self._check_tokens(p) for p in prefixes]
+        rows = [self.check_tokens(p) for p in prefixes]
         for p in rows:
             self._check_room(0, len(p))
         if rows:
@@ -126,17 +138,22 @@ class CausalLM(ABC):
             self.forward_calls += sum(1 for p in rows if p)  # one prefill pass per prompt
 
     def extend(self, tokens: Tensor | Sequence[Sequence[int]] | Sequence[int],
-               num_logits: int | None = None) -> Tensor:
+               num_logits: int | None = None, *, check: bool = True) -> Tensor:
         """Append ``tokens[b]`` (k_b tokens, possibly none) to every row b in one pass.
 
         Args:
             tokens: [R, k] int64, or R lists (ragged), or one flat list for a single row.
             num_logits: n, logits wanted per row (default: the longest k_b).
+            check: convert and range-check every token (False: ``tokens`` must be R lists
+                of valid Python int ids, used as given; the per-row checks still run).
         Returns:
             [R, n, V] logits in the model's dtype; [b, j] follows row b's new token
             k_b − n_b + j, n_b = min(n, k_b), meaningful for j < n_b only.
         """
-        rows = [self._check_tokens(t) for t in as_rows(tokens)]
+        if check:
+            rows = [self.check_tokens(t) for t in as_rows(tokens)]
+        else:
+            rows = tokens  # type: ignore[assignment]  # R lists of valid ids, as documented
         if len(rows) != self.rows:
             raise ValueError(f"{self.name}: got tokens for {len(rows)} rows, the cache has {self.rows}")
         k_max = max((len(t) for t in rows), default=0)
@@ -170,7 +187,8 @@ class CausalLM(ABC):
         if idx != list(range(rows)):
             self._select_rows(idx)
 
-    def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
+    def check_tokens(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` as Python ints; ValueError if one lies outside the vocabulary."""
         out = [int(t) for t in tokens]
         if any(not 0 <= t < self.vocab_size for t in out):
             raise ValueError(f"{self.name}: token id outside [0, {self.vocab_size})")

@@ -8,6 +8,10 @@ temperature 1 returns the table itself.
   ``ContextIndependentLM([1/3, 2/3])`` is Mb, ``ContextIndependentLM([2/3, 1/3])`` is Ms).
 * :class:`MarkovLM` — the distribution depends on the last token only.
 * :class:`RandomContextLM` — a different random distribution for every whole context.
+
+A row's cache is its token list, kept in a slot of a :class:`~verispec.models.slots.SlotPool`
+like the tensor models' caches: adding, dropping and reordering rows leaves every list in
+place, and a fork copies the forked row's list only.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import torch
 from torch import Tensor
 
 from verispec.models.base import CausalLM
+from verispec.models.slots import SlotPool
 
 __all__ = ["ContextIndependentLM", "MarkovLM", "RandomContextLM", "TableLM", "ToyTokenizer"]
 
 
 class TableLM(CausalLM):
-    """A model defined by ``next_probs(context) -> [V]``; the cache of each row is its token list."""
+    """A model defined by ``next_probs(context) -> [V]``; the cache of each row is its token
+    list, in slot ``slots[r]`` of ``store``."""
 
     def __init__(
         self,
@@ -43,7 +49,7 @@ class TableLM(CausalLM):
         self.name = name
         self.precision = "float64"
         self.tokenizer = ToyTokenizer(vocab_size) if vocab_size <= 26 else None
-        self._rows: list[list[int]] = []
+        self.reset()
 
     def next_probs(self, context: Sequence[int]) -> Tensor:
         """[V] float64 distribution of the token after ``context``."""
@@ -51,19 +57,36 @@ class TableLM(CausalLM):
 
     @property
     def lengths(self) -> list[int]:
-        return [len(r) for r in self._rows]
+        return [len(self.store[s]) for s in self._pool.slots]
+
+    @property
+    def slots(self) -> list[int]:
+        return list(self._pool.slots)
+
+    @property
+    def _rows(self) -> list[list[int]]:
+        """Every row's token list (the cached objects themselves), in row order."""
+        return [self.store[s] for s in self._pool.slots]
 
     def reset(self) -> None:
-        self._rows = []
+        self.store: list[list[int]] = []  # [P] token lists, one per slot
+        self._pool = SlotPool(self._grow)
+
+    def _grow(self, size: int) -> None:
+        self.store += [[] for _ in range(size - len(self.store))]
+
+    def reserve(self, rows: int) -> None:
+        self._pool.reserve(rows)
 
     def spawn(self) -> TableLM:
         twin = copy.copy(self)  # same tables (and memo), a cache of its own
-        twin._rows = []
+        twin.reset()
         twin.forward_calls = 0
         return twin
 
     def _add_rows(self, prefixes: list[list[int]]) -> None:
-        self._rows.extend(list(p) for p in prefixes)
+        for s, p in zip(self._pool.admit(len(prefixes)), prefixes, strict=True):
+            self.store[s] = list(p)
 
     def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
         out = []
@@ -81,7 +104,8 @@ class TableLM(CausalLM):
             del row[n:]
 
     def _select_rows(self, indices: list[int]) -> None:
-        self._rows = [list(self._rows[i]) for i in indices]
+        for src, dst in self._pool.select(indices):
+            self.store[dst] = list(self.store[src])  # a fork copies the forked row only
 
 
 class ContextIndependentLM(TableLM):

@@ -1,21 +1,28 @@
 """:class:`NativeCausalLM`: the native decoder behind the :class:`CausalLM` interface.
 
-The KV cache is preallocated: per layer one key and one value tensor [R, Hkv, L, D], where
-slot t of row b holds the token at position t. So
+The KV cache is a :class:`~verispec.models.slots.SlotCache`: per layer one key and one value
+tensor [P, Hkv, L, D], allocated once and reused. Each row lives in one of the P slots, and
+column t of a slot holds its row's token at position t. So
 
+* ``add_rows`` takes free slots and prefills each in place (one exact single-row prefill per
+  prompt); ``select_rows`` is bookkeeping (dropped rows free their slots, reordering moves
+  nothing), except that each extra copy of a repeated row (a fork) copies that row's used
+  columns into a free slot. No other row's cache is ever copied, except when more rows are
+  live than there are slots: P then grows geometrically, moving the slots into new storage;
 * a row's length is all its state: ``rollback`` only changes lengths (no copy);
-* ``extend`` writes row b's k_b new tokens at slots lengths[b] + j; shorter rows are padded
-  with filler that lands beyond their new length (to be overwritten later), and attention
-  masks by position (query at position p sees slots ≤ p), so filler and stale slots are
-  never attended by a real token;
-* ``select_rows`` copies the used slots of the rows kept (a run of consecutive rows, such as
-  the one row a join keeps, is kept as a view, without copying);
-* the capacity L grows geometrically when a pass needs more slots.
+* ``extend`` writes row b's k_b new tokens at positions lengths[b] + j of its slot; shorter
+  rows are padded with filler that lands beyond their new length (to be overwritten later),
+  and attention masks by position (query at position p sees positions ≤ p), so filler and
+  stale positions are never attended by a real token. The linear layers see the pass's
+  rows only, in row order, and attention reads each row's slot where it is
+  (:meth:`~verispec.models.native.model.Transformer.attend_slots`), so a row's result does
+  not depend on which slot it has;
+* the capacity L grows geometrically when a pass needs more positions (copying every slot).
 
-Cache memory is allocated uninitialized; slots below the watermark ``clean`` hold finite
-values in every row (real tokens, filler, or zeros written ahead of use), which matters
-because attention reads masked slots too (a masked NaN would still poison the output).
-Every row's length stays ≤ ``clean``.
+Cache memory is allocated uninitialized. Attention reads masked positions too (a masked NaN
+would still poison the output), so every slot has a watermark below which its positions are
+finite (real tokens, stale ones, filler, or zeros written ahead of use); a pass raises the
+watermarks of its own rows' slots to the positions it attends, and no other slot is touched.
 
 Logits are computed only for the positions asked for: hidden states are gathered before the
 final norm and the lm_head.
@@ -30,18 +37,14 @@ from torch import Tensor
 
 from verispec.models.base import CausalLM
 from verispec.models.native.model import Transformer
+from verispec.models.slots import SlotCache
 
 __all__ = ["NativeCausalLM"]
 
-ALIGN = 64  # capacities are multiples of this many slots
 #: Passes over at least this many token rows (rows × tokens) run on ``prefill_net`` when a
 #: model has one: an int4 draft step costs 23 ms at 1 row and 47 ms at 4, its int8 form
 #: 32 and 39 ms (0.5B draft, 2-core AVX-512 VNNI Xeon).
 PREFILL_ROWS = 4
-
-
-def _round_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class NativeCausalLM(CausalLM):
@@ -71,7 +74,11 @@ class NativeCausalLM(CausalLM):
         self.max_length = max_length if max_length is not None else net.config.max_positions
         self.device = net.device
         self.precision = precision
+        self.cache = SlotCache(self._new_cache)
         self.reset()
+
+    def _new_cache(self, slots: int, capacity: int) -> tuple[list[Tensor], list[Tensor]]:
+        return self.net.new_cache(slots, capacity)  # per layer [P, Hkv, L, D]
 
     def spawn(self) -> NativeCausalLM:
         return NativeCausalLM(self.net, self.tokenizer, self.name,
@@ -80,88 +87,46 @@ class NativeCausalLM(CausalLM):
                               prefill_net=self.prefill_net, vocabulary=self.vocabulary)
 
     def reset(self) -> None:
-        self._keys: list[Tensor] = []  # per layer [R, Hkv, L, D]
-        self._values: list[Tensor] = []
+        self.cache.reset()
         self._lengths: list[int] = []
-        self._capacity = 0  # L
-        self._clean = 0  # slots [0, clean) are finite in every row
+
+    def reserve(self, rows: int) -> None:
+        self.cache.pool.reserve(rows)
 
     @property
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
     @property
+    def slots(self) -> list[int]:
+        return list(self.cache.slots)
+
+    @property
     def capacity(self) -> int:
-        """L, cache slots per row (exposed for tests)."""
-        return self._capacity
-
-    def _reserve(self, slots: int) -> None:
-        """Make the cache hold at least ``slots`` slots per row (growing geometrically)."""
-        if slots <= self._capacity:
-            return
-        capacity = _round_up(max(slots, 2 * self._capacity))
-        keys, values = self.net.new_cache(len(self._lengths), capacity)
-        for new, old in zip(keys + values, self._keys + self._values, strict=True):
-            new[:, :, : self._clean] = old[:, :, : self._clean]
-        self._keys, self._values, self._capacity = keys, values, capacity
-        self.net.rope(capacity)
-
-    def _scrub(self, span: int) -> None:
-        """Make slots [0, span) finite in every row (zeros ahead, a multiple of ALIGN)."""
-        if span <= self._clean:
-            return
-        end = min(self._capacity, _round_up(span))
-        for t in self._keys + self._values:
-            t[:, :, self._clean: end].zero_()
-        self._clean = end
+        """L, cache positions per slot (exposed for tests)."""
+        return self.cache.capacity
 
     # -- rows ----------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def _add_rows(self, prefixes: list[list[int]]) -> None:
-        old = len(self._lengths)
-        lengths = [len(p) for p in prefixes]
-        clean = max(self._clean, *lengths)  # the new watermark
-        capacity = _round_up(max(self._capacity, clean, 1))
-        keys, values = self.net.new_cache(old + len(prefixes), capacity)
-        if old:
-            for new, cur in zip(keys + values, self._keys + self._values, strict=True):
-                new[:old, :, : self._clean] = cur[:, :, : self._clean]
-                new[:old, :, self._clean: clean].zero_()
-        self.net.rope(capacity)
+        cache = self.cache
+        slots = cache.admit([len(p) for p in prefixes])
         net = self.prefill_net or self.net
-        for r, prefix in enumerate(prefixes, start=old):  # one exact single-row prefill each
+        for s, prefix in zip(slots, prefixes, strict=True):  # one exact single-row prefill each
             if prefix:
                 ids = torch.tensor([prefix], dtype=torch.int64, device=self.device)  # [1, k]
                 step = net.step([0], [len(prefix)], None)
-                net.forward(ids, step, [t[r: r + 1] for t in keys],
-                            [t[r: r + 1] for t in values], logits=False)
-            for t in keys + values:
-                t[r, :, len(prefix): clean].zero_()
-        self._keys, self._values, self._capacity = keys, values, capacity
-        self._lengths += lengths
-        self._clean = clean
+                net.forward(ids, step, [t[s: s + 1] for t in cache.keys],
+                            [t[s: s + 1] for t in cache.values], logits=False)
+        self._lengths += [len(p) for p in prefixes]
 
-    @torch.inference_mode()
     def _select_rows(self, indices: list[int]) -> None:
+        self.cache.select(indices, self._lengths)
         self._lengths = [self._lengths[i] for i in indices]
-        if not indices:
-            self._keys, self._values, self._clean = [], [], 0
-            return
-        first = indices[0]
-        if indices == list(range(first, first + len(indices))):  # a run of rows: views
-            self._keys = [t[first: first + len(indices)] for t in self._keys]
-            self._values = [t[first: first + len(indices)] for t in self._values]
-            return
-        used = max(self._lengths)  # copy the slots in use only
-        idx = torch.tensor(indices, dtype=torch.int64, device=self.device)
-        keys, values = self.net.new_cache(len(indices), self._capacity)
-        for new, cur in zip(keys + values, self._keys + self._values, strict=True):
-            new[:, :, :used] = cur[:, :, :used].index_select(0, idx)
-        self._keys, self._values, self._clean = keys, values, used
 
     def _rollback(self, lengths: list[int]) -> None:
-        self._lengths = list(lengths)  # stale slots are masked, then overwritten
+        self._lengths = list(lengths)  # stale positions are masked, then overwritten
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -169,14 +134,14 @@ class NativeCausalLM(CausalLM):
     def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
         ks = [len(t) for t in tokens]
         k = max(ks)
-        self._reserve(max(self._lengths) + k)
-        self._scrub(max(self._lengths) + k)
+        self.cache.reserve(max(self._lengths) + k)
+        self.cache.scrub(self.cache.slots, max(self._lengths) + k)
         padded = [t + [0] * (k - len(t)) for t in tokens]  # filler: token 0
         ids = torch.tensor(padded, dtype=torch.int64, device=self.device)  # [R, k]
         net = self.net
         if self.prefill_net is not None and len(tokens) * k >= PREFILL_ROWS:
             net = self.prefill_net
-        step = net.step(self._lengths, ks, num_logits)
-        logits = net.forward(ids, step, self._keys, self._values)  # [R n, V]
+        step = net.step(self._lengths, ks, num_logits, self.cache.slots)
+        logits = net.forward(ids, step, self.cache.keys, self.cache.values)  # [R n, V]
         self._lengths = [n + kb for n, kb in zip(self._lengths, ks, strict=True)]
         return logits.view(len(tokens), num_logits, -1)  # [R, n, V]

@@ -1,18 +1,22 @@
 """A compact Qwen2/Llama-family decoder (gpt-fast style) over a preallocated KV cache.
 
 Shapes: R rows, k new tokens per row (ragged rows are padded with filler at the end),
-H model width, Hq query heads and Hkv key/value heads of D dims (G = Hq / Hkv), S the cache
-slots attended, V the vocabulary.
+H model width, Hq query heads and Hkv key/value heads of D dims (G = Hq / Hkv), P cache slots
+(one per row, see :mod:`verispec.models.slots`), L cache positions per slot, S the positions
+attended, V the vocabulary.
 
 Each layer runs four matmuls: fused q/k/v (with the RMSNorm in front), o_proj added to the
 residual, fused gate/up (with its RMSNorm), down_proj added to the residual. Attention is
 ``scaled_dot_product_attention`` with an explicit mask by position, and grouped
 query heads are folded into the query length (each key/value head serves G·k query rows),
-so keys and values are never repeated.
+so keys and values are never repeated. A pass reads the cache tensors [P, Hkv, L, D]
+directly: its rows may sit in any slots (:class:`~verispec.models.slots.Layout`); the
+linear layers see the pass's rows only, in row order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +25,7 @@ from torch import Tensor
 
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
+from verispec.models.slots import Layout, write_rows
 
 __all__ = ["Block", "Linear", "Step", "Transformer"]
 
@@ -43,13 +48,13 @@ class Step:
 
     cos: Tensor  # [R, k, 1, D] RoPE cosines at each token's position
     sin: Tensor  # [R, k, 1, D] RoPE sines, first half negated (see ``Transformer.rope``)
-    start: int | None  # every row writes slots start..start+k-1 (rows of one length), or
-    rows: Tensor | None  # [R, k] row index and
-    slots: Tensor | None  # [R, k] cache slot (= position) of each token (ragged rows)
-    span: int  # S: cache slots attended (max length + k)
+    start: int | None  # every row writes positions start..start+k-1 (rows of one length),
+    positions: Tensor | None  # or [R, k] the position of each token (ragged rows)
+    span: int  # S: cache positions attended (max length + k)
     mask: Tensor | None  # [R, 1, G k, S] additive: 0 where a query may attend, else -inf
-    # (None: every query sees every slot < S)
+    # (None: every query sees every position < S)
     pick: Tensor | None  # [R n] flat indices of the hidden states whose logits are wanted
+    layout: Layout  # the slot of each row in the cache tensors
 
 
 class Transformer:
@@ -69,11 +74,11 @@ class Transformer:
         d = config.head_dim
         exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
         self.inv_freq = (1.0 / (config.rope_theta ** exponents)).to(device)  # [D/2]
-        self.cos = torch.empty((0, d), dtype=dtype, device=device)  # [P, D]
-        self.sin = torch.empty((0, d), dtype=dtype, device=device)  # [P, D]
+        self.cos = torch.empty((0, d), dtype=dtype, device=device)  # [N, D], N positions
+        self.sin = torch.empty((0, d), dtype=dtype, device=device)  # [N, D]
 
     def rope(self, positions: int) -> tuple[Tensor, Tensor]:
-        """cos, sin tables [P, D] for positions 0..P-1 (P ≥ ``positions``), grown on demand.
+        """cos, sin tables [N, D] for positions 0..N-1 (N ≥ ``positions``), grown on demand.
 
         Same values as transformers' default rotary embedding; ``sin`` has its first half
         negated so that rotate_half(x) ⊙ sin = flip_halves(x) ⊙ sin_signed.
@@ -81,8 +86,8 @@ class Transformer:
         if self.cos.shape[0] < positions:
             p = max(positions, 2 * self.cos.shape[0], 256)
             t = torch.arange(p, device=self.device, dtype=torch.float32)
-            freqs = t[:, None] * self.inv_freq[None, :]  # [P, D/2]
-            emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+            freqs = t[:, None] * self.inv_freq[None, :]  # [N, D/2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [N, D]
             half = self.config.head_dim // 2
             sign = torch.ones(self.config.head_dim, device=self.device)
             sign[:half] = -1.0
@@ -90,11 +95,11 @@ class Transformer:
             self.sin = (emb.sin() * sign).to(self.dtype)
         return self.cos, self.sin
 
-    def new_cache(self, rows: int, capacity: int) -> tuple[list[Tensor], list[Tensor]]:
-        """Uninitialized keys and values, one [R, Hkv, L, D] tensor each per layer (pages
+    def new_cache(self, slots: int, capacity: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Uninitialized keys and values, one [P, Hkv, L, D] tensor each per layer (pages
         that are never written are never touched)."""
         c = self.config
-        shape = (rows, c.kv_heads, capacity, c.head_dim)
+        shape = (slots, c.kv_heads, capacity, c.head_dim)
         dtype = self.attention_dtype
         keys = [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.blocks]
         values = [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.blocks]
@@ -105,28 +110,31 @@ class Transformer:
         mask = torch.zeros(allowed.shape, dtype=self.attention_dtype, device=self.device)
         return mask.masked_fill_(~allowed, float("-inf"))
 
-    def step(self, lengths: list[int], ks: list[int], num_logits: int | None) -> Step:
-        """The per-pass tensors for rows of ``lengths`` receiving ``ks`` tokens each."""
+    def step(self, lengths: list[int], ks: list[int], num_logits: int | None,
+             slots: Sequence[int] | None = None) -> Step:
+        """The per-pass tensors for rows of ``lengths`` receiving ``ks`` tokens each, living
+        in cache ``slots`` (None: row b in slot b)."""
         dev, g = self.device, self.config.group
         rows, k = len(lengths), max(ks)
         span = max(lengths) + k
         cos, sin = self.rope(span)
+        layout = Layout.of(slots, rows, dev)
         uniform = min(lengths) == max(lengths)
-        if uniform:  # one write slice for all rows, positions shared
+        if uniform:  # one write per row, positions shared
             pos = torch.arange(lengths[0], lengths[0] + k, device=dev)  # [k]
             cos_t, sin_t = cos[pos][None, :, None], sin[pos][None, :, None]  # [1, k, 1, D]
-            start, row_idx, slots = lengths[0], None, None
+            start, positions = lengths[0], None
             mask = None
             if k > 1:
                 allowed = torch.arange(span, device=dev)[None, :] <= pos[:, None]  # [k, S]
                 mask = self.additive_mask(allowed.repeat(g, 1)[None, None])  # [1, 1, G k, S]
         else:
             base = torch.tensor(lengths, dtype=torch.int64, device=dev)  # [R]
-            slots = base[:, None] + torch.arange(k, device=dev)  # [R, k] positions
-            cos_t, sin_t = cos[slots][:, :, None], sin[slots][:, :, None]  # [R, k, 1, D]
+            positions = base[:, None] + torch.arange(k, device=dev)  # [R, k]
+            cos_t, sin_t = cos[positions][:, :, None], sin[positions][:, :, None]  # [R, k, 1, D]
             start = None
-            row_idx = torch.arange(rows, device=dev)[:, None].expand(rows, k)
-            allowed = torch.arange(span, device=dev)[None, None, :] <= slots[:, :, None]  # [R,k,S]
+            allowed = (torch.arange(span, device=dev)[None, None, :]
+                       <= positions[:, :, None])  # [R, k, S]
             mask = self.additive_mask(allowed.repeat(1, g, 1)[:, None])  # [R, 1, G k, S]
         pick = None
         if num_logits is not None and (num_logits < k or min(ks) < k):
@@ -135,13 +143,14 @@ class Transformer:
                     for kb in ks]
             pick = torch.tensor([[b * k + c for c in row] for b, row in enumerate(cols)],
                                 dtype=torch.int64, device=dev).view(-1)  # [R n]
-        return Step(cos_t, sin_t, start, row_idx, slots, span, mask, pick)
+        return Step(cos_t, sin_t, start, positions, span, mask, pick, layout)
 
     def forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
                 logits: bool = True) -> Tensor | None:
         """ids [R, k] -> logits [R n, V] for ``step.pick`` (all R k when None), or None.
 
-        Writes the new keys/values into ``keys``/``values`` (in place) at the step's slots.
+        ``keys`` / ``values``: the cache, one [P, Hkv, L, D] tensor each per layer; the new
+        keys/values are written in place at the step's slots and positions.
         """
         rows, k = ids.shape
         x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
@@ -167,9 +176,32 @@ class Transformer:
         out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask)
         return out.to(self.dtype)
 
+    def attend_slots(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, step: Step) -> Tensor:
+        """:meth:`attend` of q [R, Hkv, G k, D] over the rows' slots of the cache's
+        [P, Hkv, L, D] tensors, wherever they are -> [R, Hkv, G k, D].
+
+        Rows in a run of slots in row order are read as views. Scattered rows: in float64
+        (the int8 models) one call per run of consecutive slots, over views, which is exact
+        because float64 attention gives a row the same result whatever the batch around it
+        (see :meth:`attend`); float32 / bfloat16 attention rounds a row differently with its
+        place in the batch (a few ulps, with several threads), so their rows' attended keys
+        and values are gathered into the compact batch a pass over rows in slots 0..R-1
+        reads.
+        """
+        lay, s, mask = step.layout, step.span, step.mask
+        if lay.first is not None or self.attention_dtype != torch.float64:
+            return self.attend(q, lay.read(cache_k, s), lay.read(cache_v, s), mask)
+        out = torch.empty(q.shape, dtype=self.dtype, device=q.device)  # [R, Hkv, G k, D]
+        for a, b, rows in lay.runs:  # one call per run of consecutive slots, over views
+            part = mask if mask is None or mask.shape[0] == 1 else mask.index_select(0, rows)
+            out.index_copy_(0, rows, self.attend(q.index_select(0, rows), cache_k[a:b, :, :s],
+                                                 cache_v[a:b, :, :s], part))
+        return out
+
     def layer(self, block: Block, x: Tensor, rows: int, k: int, step: Step, cache_k: Tensor,
               cache_v: Tensor) -> Tensor:
-        """One decoder layer: x [R k, H] -> [R k, H]; writes this layer's cache slots."""
+        """One decoder layer: x [R k, H] -> [R k, H]; writes the rows' new positions in
+        this layer's cache."""
         c = self.config
         hq, hkv, d, g = c.heads, c.kv_heads, c.head_dim, c.group
         qkv = block.qkv(x).view(rows, k, hq + 2 * hkv, d)  # [R, k, Hq + 2 Hkv, D]
@@ -177,16 +209,12 @@ class Transformer:
         swapped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)  # halves swapped
         qk = torch.addcmul(qk * step.cos, swapped, step.sin)  # RoPE on q and k at once
         new_k, new_v = qk[:, :, hq:], qkv[:, :, hq + hkv:]  # [R, k, Hkv, D] each
-        if step.start is not None:
-            cache_k[:, :, step.start: step.start + k] = new_k.transpose(1, 2)
-            cache_v[:, :, step.start: step.start + k] = new_v.transpose(1, 2)
-        else:
-            cache_k.transpose(1, 2).index_put_((step.rows, step.slots), new_k.to(cache_k.dtype))
-            cache_v.transpose(1, 2).index_put_((step.rows, step.slots), new_v.to(cache_v.dtype))
+        write_rows(cache_k, new_k, step.layout, step.start, step.positions)
+        write_rows(cache_v, new_v, step.layout, step.start, step.positions)
         # [R, k, Hkv, G, D] -> [R, Hkv, G k, D]: the G query heads of a kv head in a row
         q = qk[:, :, :hq].unflatten(2, (hkv, g)).permute(0, 2, 3, 1, 4).reshape(
             rows, hkv, g * k, d)
-        att = self.attend(q, cache_k[:, :, : step.span], cache_v[:, :, : step.span], step.mask)
+        att = self.attend_slots(q, cache_k, cache_v, step)  # [R, Hkv, G k, D]
         att = att.unflatten(2, (g, k)).permute(0, 3, 1, 2, 4).reshape(rows * k, hq * d)
         x = block.o.add_to(x, att)  # [R k, H]
         gu = block.gate_up(x)  # [R k, 2 I]
