@@ -124,8 +124,7 @@ class RequestPlan:
 def drafter_for(info: MethodInfo, chosen: str) -> tuple[str | None, bool]:
     """The one rule of what a method needs: (the engine's drafter, whether the draft model
     is needed) for a method whose caller chose the drafter ``chosen``."""
-    if chosen not in DRAFTERS:
-        raise PlanError("drafter", f"drafter must be one of {', '.join(DRAFTERS)}, got {chosen!r}")
+    _check_choice(chosen)
     if info.drafting == "none":
         return None, False
     if info.drafting == "beam" or info.runner is not None:
@@ -135,6 +134,11 @@ def drafter_for(info: MethodInfo, chosen: str) -> tuple[str | None, bool]:
                                        "the n-gram drafter cannot serve it")
         return ("beam" if info.drafting == "beam" else None), True
     return chosen, chosen == "model"
+
+
+def _check_choice(chosen: str) -> None:
+    if chosen not in DRAFTERS:
+        raise PlanError("drafter", f"drafter must be one of {', '.join(DRAFTERS)}, got {chosen!r}")
 
 
 def check_gamma(info: MethodInfo, gamma: int | str | None) -> int | str:
@@ -234,9 +238,12 @@ def make_drafter(target: CausalLM, draft: CausalLM | None, method: Method, *,
     falls below this (see :class:`~verispec.drafters.model.ModelDrafter`); token and block
     verification only, for which it is proven lossless.
     """
-    info = METHODS.get(method.name)  # a method outside the table (a test double) samples
-    drafter = drafter_for(info, kind)[0] if info is not None else drafter_for(
-        METHODS["token"], kind)[0]
+    info = METHODS.get(method.name)
+    if info is not None:
+        drafter = drafter_for(info, kind)[0]
+    else:  # a method outside the table (a test double) drafts by sampling, as chosen
+        _check_choice(kind)
+        drafter = kind
     _check_drafter(method, drafter, draft_stop)
     if drafter is None:
         return None

@@ -147,7 +147,7 @@ def serve_replicas(spec: Any, config: Any, options: Any, *, host: str = "127.0.0
         cpus = max(os.cpu_count() or 1, math.ceil(options.most_replicas * options.replica_cpus))
         start_local_ray(num_cpus=cpus, log_to_driver=chatty)
     else:
-        if _is_loopback(address):  # a cluster on this machine, started on 127.0.0.1
+        if _is_loopback(address):  # a local cluster, started on 127.0.0.1
             loopback_mode()
         ray.init(address=address, log_to_driver=chatty)
     stop = _Stop()
