@@ -497,7 +497,7 @@ def test_int8_refused_for_other_architectures(tmp_path: Path) -> None:
         load_model(str(tmp_path), precision="int8", device=torch.device("cpu"))
 
 
-def load_model_dir(path: Path, precision: str) -> Any:
+def load_model_dir(path: Path, precision: str, role: str = "target") -> Any:
     """``load_model`` on a directory without a tokenizer (the tiny model has none)."""
     import verispec.models.native as native_pkg
 
@@ -509,7 +509,8 @@ def load_model_dir(path: Path, precision: str) -> Any:
 
     native_pkg.load_native = with_tokenizer
     try:
-        return load_model(str(path), precision=precision, device=torch.device("cpu"))
+        return load_model(str(path), precision=precision, device=torch.device("cpu"),
+                          role=role)
     finally:
         native_pkg.load_native = real
 
@@ -602,11 +603,36 @@ def test_pearl_workers_reload_int8_models_from_their_directory(module: Any,
     from verispec.methods.pearl.workers import NativePayload, materialise, portable
 
     module.save_pretrained(tmp_path)
-    m = load_model_dir(tmp_path, "int8")
-    payload = portable(m)
-    assert isinstance(payload, NativePayload) and payload.precision == "int8"
-    again = materialise(pickle.loads(pickle.dumps(payload)))
-    prefix = seq(6, 97)
-    for model in (m, again):
-        model.add_rows([prefix])
-    assert torch.equal(m.extend([seq(3, 98)]), again.extend([seq(3, 98)]))
+    for role in ("target", "draft"):  # a draft is reloaded as it was built (no rotations)
+        m = load_model_dir(tmp_path, "int8", role)
+        payload = portable(m)
+        assert isinstance(payload, NativePayload) and payload.precision == "int8"
+        again = materialise(pickle.loads(pickle.dumps(payload)))
+        assert again.online_rotations == (role == "target")
+        prefix = seq(6, 97)
+        for model in (m, again):
+            model.add_rows([prefix])
+        assert torch.equal(m.extend([seq(3, 98)]), again.extend([seq(3, 98)]))
+
+
+@needs_int8
+def test_drafts_are_quantized_without_run_time_rotations(module: Any, tmp_path: Path) -> None:
+    """A target rotates the inputs of o_proj and down_proj at run time; a draft does not
+    (its q only has to be what it samples from) and is cached in a file of its own; both
+    stay exact per row (k tokens in one pass equal one at a time)."""
+    module.save_pretrained(tmp_path)
+    target = load_model_dir(tmp_path, "int8", "target")
+    draft = load_model_dir(tmp_path, "int8", "draft")
+    rotated = [getattr(b, n).rot is not None for b in target.net.blocks for n in ("o", "down")]
+    assert all(rotated)
+    assert all(getattr(b, n).rot is None for b in draft.net.blocks for n in ("o", "down"))
+    kernel = kernels.choose()[0]
+    files = {cache_file(tmp_path, "int8", kernel, online_rotations=r) for r in (True, False)}
+    assert len(files) == 2 and all(f.exists() for f in files)
+    prefix, more = seq(7, 99), seq(4, 100)
+    for m in (target, draft):
+        m.add_rows([prefix])
+        whole = m.extend([more], 4)[0]  # [4, V]
+        m.rollback([len(prefix)])
+        ones = torch.cat([m.extend([[t]])[0] for t in more])  # [4, V]
+        assert torch.equal(whole, ones)

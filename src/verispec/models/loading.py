@@ -238,8 +238,10 @@ def load_model(
                 "*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]))
         if progress:
             progress(f"loading {spec} from {path}: {reason}, native runtime")
+        draft = role == "draft"  # a draft needs no run-time rotations (load_native)
         return load_native(path, name, device=device, name=label, progress=progress,
-                           vocabulary=draft_vocabulary() if role == "draft" else None)
+                           vocabulary=draft_vocabulary() if draft else None,
+                           online_rotations=not draft)
     if name in ("int8", "int4"):
         if precision == name:
             raise ValueError(

@@ -69,6 +69,7 @@ class NativePayload:
     precision: str
     name: str
     vocabulary: int | None = None
+    online_rotations: bool = True
 
 
 def portable(model: CausalLM, device: str | None = None) -> Any:
@@ -79,7 +80,8 @@ def portable(model: CausalLM, device: str | None = None) -> Any:
     if isinstance(model, HFCausalLM):
         return HFPayload(model.model, model.name, device)
     if isinstance(model, NativeCausalLM) and model.source is not None:
-        return NativePayload(model.source, model.precision, model.name, model.vocabulary)
+        return NativePayload(model.source, model.precision, model.name, model.vocabulary,
+                             model.online_rotations)
     return model
 
 
@@ -89,7 +91,8 @@ def materialise(payload: Any) -> CausalLM:
         from verispec.models.native import load_native
 
         return load_native(payload.path, payload.precision, name=payload.name,
-                           load_tokenizer=False, vocabulary=payload.vocabulary)
+                           load_tokenizer=False, vocabulary=payload.vocabulary,
+                           online_rotations=payload.online_rotations)
     if isinstance(payload, HFPayload):
         from verispec.models.hf import HFCausalLM
 

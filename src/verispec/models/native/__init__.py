@@ -103,10 +103,12 @@ def subset_ids(size: int | None, vocab: int, eos: frozenset[int]) -> Tensor | No
 
 def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
                    precision: str = "float32", device: torch.device | str | None = None,
-                   vocabulary: int | None = None) -> NativeCausalLM:
+                   vocabulary: int | None = None, online_rotations: bool = True,
+                   ) -> NativeCausalLM:
     """A native model with the weights of an in-memory transformers ``*ForCausalLM``
     (copied: fused, cast or quantized). ``device`` defaults to the module's;
-    ``vocabulary``: score only that many ids (:func:`subset_ids`; a draft's option)."""
+    ``vocabulary``: score only that many ids (:func:`subset_ids`; a draft's option);
+    ``online_rotations``: see :func:`load_native`."""
     dev = torch.device(device) if device is not None else next(module.parameters()).device
     _check(precision, dev)
     config = NativeConfig.from_hf(module.config)
@@ -114,28 +116,42 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
     ids = subset_ids(vocabulary, config.vocab_size, eos)
     prefill = None
+    blocks = _online_blocks(online_rotations)
     with torch.no_grad():
         if precision == "int8":
-            net = build_int8(config, int8_state(config, get, vocabulary=ids))
+            net = build_int8(config, int8_state(config, get, vocabulary=ids, **blocks))
         elif precision == "int4":
             net = build_int4(config, int4_state(config, get, ids))
             if int8_available():  # prompts are read faster by the int8 kernel
-                prefill = build_int8(config, int8_state(config, get, vocabulary=ids))
+                prefill = build_int8(config, int8_state(config, get, vocabulary=ids, **blocks))
         else:
             net = build_dense(config, get, DTYPES[precision], dev, ids)
     return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision,
-                          prefill_net=prefill, vocabulary=None if ids is None else vocabulary)
+                          prefill_net=prefill, vocabulary=None if ids is None else vocabulary,
+                          online_rotations=online_rotations)
+
+
+def _online_blocks(online_rotations: bool) -> dict[str, Any]:
+    """:func:`int8_state`'s run-time rotation options: its defaults, or none."""
+    return {} if online_rotations else {"down_block": None, "o_block": None}
 
 
 def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 device: torch.device | str | None = None, tokenizer: Any = None,
                 name: str | None = None, cache: bool = True, load_tokenizer: bool = True,
                 progress: Callable[[str], None] | None = None,
-                vocabulary: int | None = None) -> NativeCausalLM:
+                vocabulary: int | None = None, online_rotations: bool = True,
+                ) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
 
     ``vocabulary``: score only that many ids (:func:`subset_ids`): a draft's lm_head over
     a subset, its q zero elsewhere.
+
+    ``online_rotations`` (int8): rotate the inputs of ``o_proj`` and ``down_proj`` at run
+    time (:func:`~verispec.models.native.weights.int8_state`), which brings the int8 model
+    closer to float32 for one small matmul per layer. Drafts are loaded without them: a
+    draft's q only has to be the distribution its tokens are drawn from, and the 0.5B draft
+    accepts as often without them (the loaders of :mod:`verispec.models.loading`).
 
     int8 and int4: the quantized weights are read from verispec's cache
     (:func:`cache_file`: per model directory, kernel and machine) when it holds them for
@@ -163,34 +179,38 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
         if precision in DTYPES:
             net = build_dense(config, dir_tensors(path), DTYPES[precision], dev, ids)
         else:
-            net = _quantized_net(path, config, precision, cache, say, progress, ids)
+            net = _quantized_net(path, config, precision, cache, say, progress, ids,
+                                 online_rotations)
         if precision == "int4" and int8_available():  # prompts are read faster in int8
-            prefill = _quantized_net(path, config, "int8", cache, say, progress, ids)
+            prefill = _quantized_net(path, config, "int8", cache, say, progress, ids,
+                                     online_rotations)
     scored = "" if ids is None else f", scoring {ids.numel()} of {config.vocab_size} ids"
     say(f"loaded {path.name} ({precision}{scored}) in {time.perf_counter() - t0:.1f} s")
     return NativeCausalLM(net, tokenizer, name or path.name, eos_token_ids=eos,
                           precision=precision, source=str(path), prefill_net=prefill,
-                          vocabulary=None if ids is None else vocabulary)
+                          vocabulary=None if ids is None else vocabulary,
+                          online_rotations=online_rotations)
 
 
 def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool,
                    say: Callable[[str], None], progress: Callable[[str], None] | None,
-                   ids: Tensor | None = None) -> Transformer:
+                   ids: Tensor | None = None, online_rotations: bool = True) -> Transformer:
     """The int8 or int4 model of ``path`` (an lm_head over ``ids`` only, when given), from
     its cache file when valid (else made and cached)."""
     kernel = default_kernel() if precision == "int8" else None
     build = build_int8 if precision == "int8" else build_int4
-    state = load_cache(path, precision, kernel, ids) if cache else None
+    state = load_cache(path, precision, kernel, ids, online_rotations=online_rotations) if cache else None
     if state is not None:
         try:
             return build(config, state, kernel) if kernel else build(config, state)
         except (RuntimeError, ValueError) as e:  # packed weights this torch cannot rebuild
             say(f"ignoring the cached {precision} weights: {e}")
     what = f"{precision} ({kernel})" if kernel else precision
-    where = cache_file(path, precision, kernel, ids).parent
+    where = cache_file(path, precision, kernel, ids, online_rotations=online_rotations).parent
     say(f"quantizing {path.name} to {what} (once; cached in {where})")
     if kernel is not None:
-        state = int8_state(config, dir_tensors(path), progress, vocabulary=ids)
+        state = int8_state(config, dir_tensors(path), progress, vocabulary=ids,
+                           **_online_blocks(online_rotations))
         net = build_int8(config, state, kernel)
         state = packed_state(net)
     else:
@@ -198,7 +218,7 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
         net = build_int4(config, state)
     if cache:
         try:
-            saved = save_cache(path, precision, state, kernel, ids)
+            saved = save_cache(path, precision, state, kernel, ids, online_rotations=online_rotations)
             say(f"saved {saved.name} ({saved.stat().st_size / 2**30:.2f} GiB)")
         except OSError as e:
             say(f"could not cache the {precision} weights: {e}")

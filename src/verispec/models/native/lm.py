@@ -54,11 +54,13 @@ class NativeCausalLM(CausalLM):
                  eos_token_ids: frozenset[int] = frozenset(), max_length: int | None = None,
                  precision: str = "float32", source: str | None = None,
                  prefill_net: Transformer | None = None, vocabulary: int | None = None,
-                 ) -> None:
+                 online_rotations: bool = True) -> None:
         super().__init__()
         self.source = source  # the directory it was loaded from (None: built in memory)
         # ids scored (:func:`verispec.models.native.subset_ids`; None: the whole vocabulary)
         self.vocabulary = vocabulary
+        # int8 built with the run-time rotations of ``int8_state`` (what a reload needs)
+        self.online_rotations = online_rotations
         self.net = net
         # reads prompts in ``add_rows`` and runs passes over ≥ PREFILL_ROWS token rows when
         # set (an int4 draft with its int8 form, whose kernel is faster over many rows); it
@@ -84,7 +86,8 @@ class NativeCausalLM(CausalLM):
         return NativeCausalLM(self.net, self.tokenizer, self.name,
                               eos_token_ids=self.eos_token_ids, max_length=self.max_length,
                               precision=self.precision, source=self.source,
-                              prefill_net=self.prefill_net, vocabulary=self.vocabulary)
+                              prefill_net=self.prefill_net, vocabulary=self.vocabulary,
+                              online_rotations=self.online_rotations)
 
     def reset(self) -> None:
         self.cache.reset()

@@ -347,11 +347,13 @@ def _source_stamp(path: Path) -> str:
 
 
 def cache_file(path: str | os.PathLike[str], precision: str,
-               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None) -> Path:
+               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None, *,
+               online_rotations: bool = True) -> Path:
     """verispec's cache file for the ``precision`` (int8 or int4) weights of the model in
     directory ``path``, made for int8 ``kernel`` (int8 only) and the running CPU's
     :func:`~verispec.models.native.kernels.signature`, with an lm_head over the ids
-    ``vocabulary`` (None: all)."""
+    ``vocabulary`` (None: all) and, for int8, with or without the run-time rotations of
+    :func:`int8_state` (``online_rotations``)."""
     from verispec.models.fetch import cache_dir
 
     path = Path(path).resolve()
@@ -359,7 +361,7 @@ def cache_file(path: str | os.PathLike[str], precision: str,
     if precision == "int8":
         if kernel is None:
             raise ValueError("an int8 cache file is made for one int8 kernel")
-        tag = f"int8-{kernel.library}-{kernel.bits}bit"
+        tag = f"int8-{kernel.library}-{kernel.bits}bit" + ("" if online_rotations else "-r0")
     else:
         tag = precision
     if vocabulary is not None:
@@ -370,15 +372,15 @@ def cache_file(path: str | os.PathLike[str], precision: str,
 
 
 def load_cache(path: str | os.PathLike[str], precision: str,
-               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None,
-               ) -> dict[str, Tensor] | None:
+               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None, *,
+               online_rotations: bool = True) -> dict[str, Tensor] | None:
     """The cached ``precision`` (int8 or int4) state of the model in directory ``path``, or
     None when there is none or it was made from other weights or by another format version
     (the file's name already pins the kernel and the machine signature)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    file = cache_file(path, precision, kernel, vocabulary)
+    file = cache_file(path, precision, kernel, vocabulary, online_rotations=online_rotations)
     if not file.exists():
         return None
     try:
@@ -436,9 +438,10 @@ def _write_aligned(tensors: dict[str, Tensor], file: str, metadata: dict[str, st
 
 
 def save_cache(path: str | os.PathLike[str], precision: str, state: dict[str, Tensor],
-               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None) -> Path:
+               kernel: Int8Kernel | None = None, vocabulary: Tensor | None = None, *,
+               online_rotations: bool = True) -> Path:
     """Write ``state`` to :func:`cache_file` atomically; returns the file."""
-    file = cache_file(path, precision, kernel, vocabulary)
+    file = cache_file(path, precision, kernel, vocabulary, online_rotations=online_rotations)
     file.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": CACHE_VERSIONS[precision], "source": _source_stamp(Path(path)),
             "cpu": kernels.signature(), "kernel": str(kernel) if kernel else precision,
