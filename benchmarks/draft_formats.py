@@ -1,14 +1,17 @@
-"""The int8 draft against the weight-only int4 draft, side by side in one run.
+"""Draft formats side by side in one run: the int8 draft as verispec loads it (no run-time
+rotations), the int8 draft with the target's run-time rotations, and the weight-only int4
+draft.
 
-The target is the int8 model in both cases (so ``ar`` and the output law are unchanged);
-only the draft's weight format differs. Per prompt and temperature the two drafts run one
-after the other (the one going first alternating), ``block`` with γ chosen by measurement.
-Reported: the drafts' step costs (one pass of k tokens after a 200-token context, median of
-7), and per temperature the tokens per second of each draft, their paired ratio (geometric
-mean over prompts with a 95% Student-t interval over prompts, ``paired.py``) and the tokens
-per target call.
+The target is the int8 model in every case (so ``ar`` and the output law are unchanged);
+only the draft differs. Per prompt and temperature the drafts run one after the other (the
+order rotating from prompt to prompt), ``block`` with γ chosen by measurement (or fixed, ``--gamma``). Reported: the
+drafts' step costs (one pass of k tokens after a 200-token context, interleaved, median of
+7) and prompt reading (200 tokens, median of 3, ms per token), and per temperature each
+draft's tokens per second, its paired ratio to the first format (geometric mean over
+prompts with a 95% Student-t interval over prompts, ``paired.py``) and tokens per target
+call.
 
-    python benchmarks/draft_formats.py [--num-prompts 10] [--max-new-tokens 128]
+    python benchmarks/draft_formats.py [--formats int8,int8-rotated,int4] [--num-prompts 10]
 """
 
 from __future__ import annotations
@@ -16,59 +19,87 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from paired import format_interval
 
 from verispec.api import generate
 from verispec.bench.suites import encode, load_suite
+from verispec.models.base import CausalLM
+from verispec.models.fetch import model_path
 from verispec.models.loading import load_model
-from verispec.models.timing import pass_costs
+from verispec.models.native import load_native
+from verispec.models.timing import interleaved_costs
 
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-FORMATS = ("int8", "int4")
+#: format -> how the draft is loaded
+LOADERS: dict[str, Callable[[], CausalLM]] = {
+    "int8": lambda: load_model(PAIR[1], precision="int8", role="draft"),
+    "int8-rotated": lambda: load_native(model_path(PAIR[1], "hf"), "int8"),
+    "int4": lambda: load_model(PAIR[1], precision="int4", role="draft"),
+}
 KS = (1, 2, 4)
+READ = 200  # prompt tokens read to time prompt reading
+
+
+def _reading_ms(model: CausalLM, reps: int = 3) -> float:
+    """Median ms per token of reading a READ-token prompt (one row)."""
+    twin, times = model.spawn(), []
+    ids = torch.randint(0, model.vocab_size, (READ,), generator=torch.Generator().manual_seed(0))
+    for _ in range(reps):
+        twin.reset()
+        start = time.perf_counter()
+        twin.add_rows([ids.tolist()])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / READ * 1e3
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--formats", default="int8,int8-rotated,int4")
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--gamma", default="auto", help="block's draft length: auto or a number")
     args = p.parse_args()
+    formats = args.formats.split(",")
+    unknown = sorted(set(formats) - set(LOADERS))
+    if unknown:
+        p.error(f"unknown formats {unknown}; choose from {', '.join(LOADERS)}")
     torch.set_num_threads(2)
     target = load_model(PAIR[0], precision="int8")
-    drafts = {f: load_model(PAIR[1], precision=f, role="draft") for f in FORMATS}
-    print("| draft | " + " | ".join(f"k = {k} (ms)" for k in KS) + " |\n|---|"
-          + "---|" * len(KS))
-    for f, d in drafts.items():
-        ms = pass_costs(d, context=200, ks=KS, reps=7)
-        print(f"| {f} | " + " | ".join(f"{ms[k] * 1e3:.1f}" for k in KS) + " |", flush=True)
+    drafts = {f: LOADERS[f]() for f in formats}
+    costs = interleaved_costs([(d, KS) for d in drafts.values()], context=200, reps=7)
+    print("| draft | " + " | ".join(f"k = {k} (ms)" for k in KS)
+          + " | prompt reading (ms/token) |\n|---|" + "---|" * (len(KS) + 1))
+    for (f, d), ms in zip(drafts.items(), costs, strict=True):
+        cells = " | ".join(f"{ms[k] * 1e3:.1f}" for k in KS)
+        print(f"| {f} | {cells} | {_reading_ms(d):.2f} |", flush=True)
     prompts = load_suite("humaneval", args.num_prompts)
-    print("\n| T | int8 draft tok/s | int4 draft tok/s | int4 / int8 (paired, 95% interval) "
-          "| tokens per target call, int8 / int4 |\n|---|---|---|---|---|")
-    flip = 0
+    first = formats[0]
+    print("\n| T | draft | tok/s (median) | × " + first + " (paired, 95% interval) "
+          "| tokens per target call |\n|---|---|---|---|---|")
     for temperature in (float(t) for t in args.temperatures.split(",")):
-        speed: dict[str, list[float]] = {f: [] for f in FORMATS}
-        made: dict[str, int] = dict.fromkeys(FORMATS, 0)
-        calls: dict[str, int] = dict.fromkeys(FORMATS, 0)
+        speed: dict[str, list[float]] = {f: [] for f in formats}
+        made, calls = dict.fromkeys(formats, 0), dict.fromkeys(formats, 0)
         for i, prompt in enumerate(prompts):
             ids = encode(prompt, target.tokenizer)
-            for f in (FORMATS if flip % 2 == 0 else FORMATS[::-1]):
+            for f in formats[i % len(formats):] + formats[:i % len(formats)]:
                 start = time.perf_counter()
-                r = generate(target, drafts[f], ids, method="block", gamma="auto",
+                r = generate(target, drafts[f], ids, method="block",
+                             gamma=args.gamma if args.gamma == "auto" else int(args.gamma),
                              temperature=temperature, seed=i,
                              max_new_tokens=args.max_new_tokens)
                 speed[f].append(len(r.tokens) / (time.perf_counter() - start))
                 made[f] += len(r.tokens)
                 calls[f] += r.stats.target_calls
-            flip += 1
-        ratio = format_interval([(str(i), b / a) for i, (a, b)
-                                 in enumerate(zip(speed["int8"], speed["int4"], strict=True))])
-        print(f"| {temperature:g} | {statistics.median(speed['int8']):.2f} | "
-              f"{statistics.median(speed['int4']):.2f} | {ratio} | "
-              f"{made['int8'] / calls['int8']:.2f} / {made['int4'] / calls['int4']:.2f} |",
-              flush=True)
+        for f in formats:
+            ratio = "–" if f == first else format_interval(
+                [(str(i), b / a) for i, (a, b) in enumerate(zip(speed[first], speed[f],
+                                                                strict=True))])
+            print(f"| {temperature:g} | {f} | {statistics.median(speed[f]):.2f} | {ratio} | "
+                  f"{made[f] / calls[f]:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
