@@ -288,6 +288,28 @@ def test_the_pool_grows_only_when_every_slot_is_live(kind: str, module: Any) -> 
     assert model_pool(model).size == 2 * size
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_engine_reserves_its_batch_so_admission_never_grows_the_pool(
+        kind: str, module: Any) -> None:
+    """Rows admitted one by one up to the engine's batch size land in slots allocated once:
+    the pool never grows, so no admission moves the other rows' caches."""
+    from verispec.engine.loop import Engine
+    from verispec.engine.request import Request
+    from verispec.methods import build_method
+    from verispec.sampling import Randomness, Sampling
+
+    model = make(kind, module)
+    engine = Engine(model, batch_size=5)
+    pool = model_pool(model)
+    assert pool.size == 5
+    ar = build_method("ar")
+    for i in range(5):
+        engine.submit(Request(seq(4 + i, 30 + i), ar, Sampling(), 20,
+                              Randomness(torch.Generator().manual_seed(i))))
+        engine.step()
+        assert pool.size == 5 and model.rows == i + 1
+
+
 def model_pool(model: Any) -> Any:
     return model._pool if isinstance(model, RandomContextLM) else model.cache.pool
 

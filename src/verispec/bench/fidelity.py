@@ -8,6 +8,10 @@ test model as the target samples the *test* model's law exactly; this measures h
 law is from the float32 model's.
 
 ``python -m verispec.bench.fidelity --precision int8 --num-prompts 20 --tokens 128``
+
+``--blocks 128/64,256/128`` compares int8 models built with those block sizes of the run-time
+rotations before ``down_proj`` / ``o_proj`` (``0``: none;
+:func:`~verispec.models.native.weights.int8_state`) on the same reference texts.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 from verispec.api import generate
 from verispec.models.base import CausalLM
 
-__all__ = ["PromptFidelity", "compare", "main"]
+__all__ = ["PromptFidelity", "compare", "compare_many", "int8_schemes", "main"]
 
 
 @dataclass
@@ -52,18 +56,53 @@ def _logprobs(model: CausalLM, ids: list[int], first: int) -> torch.Tensor:
 def compare(reference: CausalLM, test: CausalLM, prompt: list[int], *, tokens: int,
             prompt_id: str = "") -> PromptFidelity:
     """KL(reference || test) along the reference's greedy continuation, and agreement."""
+    return compare_many(reference, {"test": test}, prompt, tokens=tokens,
+                        prompt_id=prompt_id)["test"]
+
+
+def compare_many(reference: CausalLM, tests: dict[str, CausalLM], prompt: list[int], *,
+                 tokens: int, prompt_id: str = "") -> dict[str, PromptFidelity]:
+    """:func:`compare` for several test models along one reference continuation."""
     ref = generate(reference, None, prompt, method="ar", temperature=0, max_new_tokens=tokens)
-    own = generate(test, None, prompt, method="ar", temperature=0, max_new_tokens=tokens)
     ids = prompt + ref.tokens
     lp_ref = _logprobs(reference, ids, len(prompt))  # [n, V]
-    lp_test = _logprobs(test, ids, len(prompt))
-    kl = (lp_ref.exp() * (lp_ref - lp_test)).sum(-1)  # [n]
-    diff = next((i for i, (a, b) in enumerate(zip(ref.tokens, own.tokens, strict=False))
-                 if a != b), None)
-    if diff is None and len(ref.tokens) != len(own.tokens):
-        diff = min(len(ref.tokens), len(own.tokens))
-    return PromptFidelity(prompt_id, int(kl.numel()), float(kl.mean()), float(kl.max()),
-                          diff is None, diff)
+    out = {}
+    for name, test in tests.items():
+        own = generate(test, None, prompt, method="ar", temperature=0, max_new_tokens=tokens)
+        lp_test = _logprobs(test, ids, len(prompt))
+        kl = (lp_ref.exp() * (lp_ref - lp_test)).sum(-1)  # [n]
+        diff = next((i for i, (a, b) in enumerate(zip(ref.tokens, own.tokens, strict=False))
+                     if a != b), None)
+        if diff is None and len(ref.tokens) != len(own.tokens):
+            diff = min(len(ref.tokens), len(own.tokens))
+        out[name] = PromptFidelity(prompt_id, int(kl.numel()), float(kl.mean()),
+                                   float(kl.max()), diff is None, diff)
+    return out
+
+
+def int8_schemes(model: str, blocks: str) -> dict[str, CausalLM]:
+    """int8 models of ``model`` for each ``down/o`` pair of rotation block sizes in
+    ``blocks`` (comma-separated; 0 = no rotation), built in memory (not cached)."""
+    import json
+    from pathlib import Path
+
+    from verispec.models.fetch import resolve
+    from verispec.models.native import NativeCausalLM, NativeConfig
+    from verispec.models.native.weights import build_int8, dir_tensors, int8_state
+
+    pairs = [pair.partition("/")[::2] for pair in blocks.split(",")]
+    for (down, o), pair in zip(pairs, blocks.split(","), strict=True):
+        if not (down.isdigit() and o.isdigit()):
+            raise ValueError(f"--blocks takes down/o pairs like 128/64, got {pair!r}")
+    path = Path(resolve(model))
+    config = NativeConfig.from_hf(json.loads((path / "config.json").read_text()))
+    out: dict[str, CausalLM] = {}
+    for down, o in pairs:
+        pair = f"{down}/{o}"
+        state = int8_state(config, dir_tensors(path), down_block=int(down) or None,
+                           o_block=int(o) or None)
+        out[f"int8 {pair}"] = NativeCausalLM(build_int8(config, state), name=f"int8 {pair}")
+    return out
 
 
 def summarize(rows: Sequence[PromptFidelity]) -> dict[str, float]:
@@ -90,26 +129,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--suite", default="humaneval", help="as in verispec bench")
     ap.add_argument("--num-prompts", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--blocks", default=None,
+                    help="compare int8 models with these down/o rotation blocks, e.g. "
+                         "128/64,256/128 (0: none); replaces --precision")
     ap.add_argument("--out", default=None, help="write the per-prompt rows and summary as JSON")
     args = ap.parse_args(argv)
     reference = load_model(args.model, precision="float32")
-    test = load_model(args.model, precision=args.precision)
+    tests = (int8_schemes(args.model, args.blocks) if args.blocks else
+             {args.precision: load_model(args.model, precision=args.precision)})
     prompts = load_suites(args.suite.split(","), args.num_prompts, None)
-    rows = []
+    rows: dict[str, list[PromptFidelity]] = {name: [] for name in tests}
     for i, p in enumerate(prompts):
         start = time.perf_counter()
         ids = encode(p, reference.tokenizer, "auto")
-        rows.append(compare(reference, test, ids, tokens=args.tokens, prompt_id=p.id))
-        r = rows[-1]
-        print(f"[{i + 1}/{len(prompts)}] {p.id}: mean KL {r.mean_kl:.2e}, max {r.max_kl:.2e}, "
-              f"greedy {'agrees' if r.agree else f'differs at {r.first_difference}'} "
-              f"({time.perf_counter() - start:.0f}s)", file=sys.stderr)
-    summary = summarize(rows)
-    print(json.dumps(summary, indent=2))
+        for name, r in compare_many(reference, tests, ids, tokens=args.tokens,
+                                    prompt_id=p.id).items():
+            rows[name].append(r)
+            print(f"[{i + 1}/{len(prompts)}] {p.id} {name}: mean KL {r.mean_kl:.2e}, max "
+                  f"{r.max_kl:.2e}, greedy "
+                  f"{'agrees' if r.agree else f'differs at {r.first_difference}'} "
+                  f"({time.perf_counter() - start:.0f}s)", file=sys.stderr)
+    summaries = {name: summarize(r) for name, r in rows.items()}
+    print(json.dumps(summaries if args.blocks else summaries[args.precision], indent=2))
     if args.out:
+        if args.blocks:
+            record = {"schemes": {name: {"summary": summaries[name],
+                                         "rows": [asdict(r) for r in rows[name]]}
+                                  for name in tests}, "blocks": args.blocks}
+        else:
+            record = {"summary": summaries[args.precision], "precision": args.precision,
+                      "rows": [asdict(r) for r in rows[args.precision]]}
         with open(args.out, "w", encoding="utf-8") as f:
-            json.dump({"summary": summary, "precision": args.precision, "model": args.model,
-                       "tokens": args.tokens, "rows": [asdict(r) for r in rows]}, f, indent=2)
+            json.dump(record | {"model": args.model, "tokens": args.tokens}, f, indent=2)
     return 0
 
 

@@ -69,6 +69,7 @@ class Engine:
         self.times = {"draft": 0.0, "target": 0.0, "verify": 0.0, "prefill": 0.0}
         self._ids = count()
         target.reset()
+        target.reserve(batch_size)  # admitting up to batch_size rows never grows the cache
 
     # -- requests ---------------------------------------------------------------------------
 
