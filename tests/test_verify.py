@@ -248,3 +248,29 @@ def test_temperature_zero_is_exact_matching(verify) -> None:
         res = verify(p, q, x, torch.Generator().manual_seed(seed))
         assert torch.equal(res.num_accepted, expected_tau_t)
         assert torch.equal(res.next_token, argmax.gather(1, expected_tau_t[:, None]).squeeze(1))
+
+
+@pytest.mark.parametrize("plan_fn", [token_plan, block_plan])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_draw_builds_only_the_residual_it_samples_from(plan_fn, ragged: bool) -> None:
+    """Drawing (τ, Y) builds each row's residual at its τ only, never all γ + 1 of them;
+    the draws equal those from the same plan with every residual built first (the exact
+    law's input)."""
+    from verispec.sampling import Randomness
+    from verispec.verify import VerifyPlan, draw_rows
+
+    p, q, x = _random_rows(5, 4, 3, 7, zeros=True)
+    lengths = torch.tensor([3, 0, 2, 1]) if ragged else None
+    lazy = plan_fn(p, q, x, lengths=lengths)
+    built = plan_fn(p, q, x, lengths=lengths)
+    full = VerifyPlan(built.accept_probs, built.residuals, built.rule, built.lengths)
+    for seed in range(20):
+        got = [draw_rows(plan, [Randomness(torch.Generator().manual_seed(seed * 10 + b))
+                                for b in range(4)]) for plan in (lazy, full)]
+        assert torch.equal(got[0].num_accepted, got[1].num_accepted)
+        assert torch.equal(got[0].next_token, got[1].next_token)
+    assert lazy._residuals is None  # never built by the draws
+    rows = torch.arange(4)
+    for i in range(4):  # each residual read lazily equals the built one
+        tau = torch.full((4,), i).clamp(max=3 if lengths is None else lengths)
+        assert torch.equal(lazy.residual(tau), built.residuals[rows, tau])

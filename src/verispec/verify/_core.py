@@ -20,7 +20,7 @@ produces the samples.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -64,24 +64,56 @@ class VerifyResult:
     extras: dict[str, Tensor] = field(default_factory=dict)
 
 
-@dataclass
+ResidualAt = Callable[[Tensor], Tensor]  # τ [B] int64 -> [B, V]: Y's law given τ, per row
+
+
 class VerifyPlan:
     """Everything random about one verification, made explicit.
 
     Attributes:
         accept_probs: [B, γ] h_i, the probability that the uniform η_i accepts position i.
-        residuals: [B, γ+1, V] distribution of Y given τ = i (row γ is the bonus distribution).
+        residuals: [B, γ+1, V] distribution of Y given τ = i (row γ is the bonus distribution),
+            built on first use: a draw needs only :meth:`residual` at the τ it drew, the exact
+            law all of them.
         rule: ``"first_reject"`` (τ = number of leading acceptances; token verification) or
             ``"last_accept"`` (τ = largest accepted i, 0 if none; block verification).
         lengths: [B] int64 γ_b, the real draft length of each row of a ragged batch (None:
             every row has γ). Entries of ``accept_probs`` beyond γ_b are 0 and
             ``residuals[b, γ_b]`` is the bonus distribution (see :func:`restrict`).
+
+    A plan is made from all the residuals ([B, γ+1, V]) or from ``residual_at``, the function
+    giving each row's residual at one position (τ [B] -> [B, V]); either way the draw and the
+    exact law read the same numbers.
     """
 
-    accept_probs: Tensor
-    residuals: Tensor
-    rule: Rule
-    lengths: Tensor | None = None
+    def __init__(self, accept_probs: Tensor, residuals: Tensor | None, rule: Rule,
+                 lengths: Tensor | None = None, *, residual_at: ResidualAt | None = None,
+                 ) -> None:
+        if (residuals is None) == (residual_at is None):
+            raise ValueError("a plan needs its residuals or residual_at, not both")
+        self.accept_probs = accept_probs
+        self.rule = rule
+        self.lengths = lengths
+        self._residuals = residuals
+        self._residual_at = residual_at
+
+    def residual(self, tau: Tensor) -> Tensor:
+        """[B, V]: row b's distribution of Y given τ = tau[b] (tau [B] int64)."""
+        if self._residual_at is not None:
+            return self._residual_at(tau)
+        rows = torch.arange(tau.shape[0], device=tau.device)
+        return self._residuals[rows, tau]  # type: ignore[index]
+
+    @property
+    def residuals(self) -> Tensor:
+        """[B, γ+1, V], every position's residual (from :meth:`residual` when lazy)."""
+        if self._residuals is None:
+            b, gamma = self.accept_probs.shape
+            dev = self.accept_probs.device
+            self._residuals = torch.stack(
+                [self.residual(torch.full((b,), i, dtype=torch.int64, device=dev))
+                 for i in range(gamma + 1)], dim=1)
+        return self._residuals
 
 
 class Verifier(Protocol):
@@ -147,8 +179,7 @@ def draw(plan: VerifyPlan, generator: torch.Generator) -> VerifyResult:
     h = plan.accept_probs  # [B, γ]
     eta = torch.rand(h.shape, generator=generator, dtype=h.dtype, device=h.device)
     tau = _tau(eta < h, plan.rule)  # P(eta_i < h_i) = h_i exactly for eta in [0, 1)
-    residual = plan.residuals[torch.arange(h.shape[0], device=h.device), tau]  # [B, V]
-    return VerifyResult(num_accepted=tau, next_token=sample_from(residual, generator))
+    return VerifyResult(num_accepted=tau, next_token=sample_from(plan.residual(tau), generator))
 
 
 def restrict(plan: VerifyPlan, target_probs: Tensor, lengths: Tensor | None,
@@ -176,11 +207,12 @@ def restrict(plan: VerifyPlan, target_probs: Tensor, lengths: Tensor | None,
     if last_accept is not None and gamma > 0:
         last = last_accept.gather(1, g).expand(b, gamma)  # [B, γ]
         h = torch.where(pos == g, last, h)
-    rows = torch.arange(b, device=dev)
-    bonus = target_probs[rows, g[:, 0]]  # [B, V]
-    at_end = (torch.arange(gamma + 1, device=dev)[None] == g)[..., None]  # [B, γ+1, 1]
-    residuals = torch.where(at_end, bonus[:, None], plan.residuals)
-    return VerifyPlan(h, residuals, plan.rule, g[:, 0])
+    bonus = target_probs[torch.arange(b, device=dev), g[:, 0]]  # [B, V]
+
+    def residual_at(tau: Tensor) -> Tensor:  # [B] -> [B, V]
+        return torch.where((tau == g[:, 0])[:, None], bonus, plan.residual(tau))
+
+    return VerifyPlan(h, None, plan.rule, g[:, 0], residual_at=residual_at)
 
 
 def draw_rows(plan: VerifyPlan, randoms: Sequence[Randomness]) -> VerifyResult:
@@ -199,7 +231,7 @@ def draw_rows(plan: VerifyPlan, randoms: Sequence[Randomness]) -> VerifyResult:
         if g:
             accepted[row, :g] = rand.coins(h[row, :g])
     tau = _tau(accepted, plan.rule)
-    residual = plan.residuals[torch.arange(b, device=h.device), tau]  # [B, V]
+    residual = plan.residual(tau)  # [B, V]
     y = torch.cat([rand.choose(residual[row : row + 1]) for row, rand in enumerate(randoms)])
     return VerifyResult(num_accepted=tau, next_token=y)
 

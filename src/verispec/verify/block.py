@@ -47,14 +47,22 @@ def block_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, 
         path.append(torch.clamp(path[-1] * ratio[:, i : i + 1], max=1.0))
     p_path = torch.cat(path, dim=1)  # [B, γ+1]
     p_head = target_probs[:, :-1]  # [B, γ, V]
-    weights = (p_path[:, :-1, None] * p_head - draft_probs).clamp_min(0)  # [B, γ, V]
+    weights = (p_head * p_path[:, :-1, None]).sub_(draft_probs).clamp_min_(0)  # [B, γ, V]
     mass = weights.sum(dim=-1)  # [B, γ], S_i
     denom = mass + 1 - p_path[:, :-1]
     h_inner = torch.where(denom > 0, mass / torch.where(denom > 0, denom, 1.0), 0.0)  # [B, γ]
     # h_0 is never used (τ = 0 needs no acceptance); shift to h_1..h_{γ-1} and append h_γ.
     h = torch.cat([h_inner[:, 1:], p_path[:, 1:][:, -1:]], dim=1)  # [B, γ] (empty if γ = 0)
-    residuals = torch.cat([normalise_or(weights, p_head), target_probs[:, -1:]], dim=1)
-    return restrict(VerifyPlan(accept_probs=h, residuals=residuals, rule="last_accept"),
+    rows = torch.arange(b, device=h.device)
+
+    def residual_at(tau: Tensor) -> Tensor:  # [B] -> [B, V]: weights_τ normalised, or p_γ
+        p = target_probs[rows, tau]  # [B, V]
+        if gamma == 0:
+            return p
+        w = weights[rows, tau.clamp(max=gamma - 1)]  # [B, V]
+        return torch.where((tau == gamma)[:, None], p, normalise_or(w, p))
+
+    return restrict(VerifyPlan(h, None, "last_accept", residual_at=residual_at),
                     target_probs, lengths, last_accept=p_path)
 
 

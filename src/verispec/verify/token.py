@@ -37,10 +37,17 @@ def token_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, 
     p_x = token_prob(target_probs, draft_tokens)  # [B, γ]
     q_x = token_prob(draft_probs, draft_tokens)  # [B, γ]
     h = torch.clamp(p_x / q_x, max=1.0)  # [B, γ]
-    p_head = target_probs[:, :-1]  # [B, γ, V]
-    residual = normalise_or((p_head - draft_probs).clamp_min(0), p_head)  # [B, γ, V]
-    residuals = torch.cat([residual, target_probs[:, -1:]], dim=1)  # [B, γ+1, V]
-    return restrict(VerifyPlan(accept_probs=h, residuals=residuals, rule="first_reject"),
+    rows = torch.arange(h.shape[0], device=h.device)
+    gamma = h.shape[1]
+
+    def residual_at(tau: Tensor) -> Tensor:  # [B] -> [B, V]: [p - q]_+ normalised, or p_γ
+        p = target_probs[rows, tau]  # [B, V]
+        if gamma == 0:
+            return p
+        q = draft_probs[rows, tau.clamp(max=gamma - 1)]  # [B, V]
+        return torch.where((tau == gamma)[:, None], p, normalise_or((p - q).clamp_min_(0), p))
+
+    return restrict(VerifyPlan(h, None, "first_reject", residual_at=residual_at),
                     target_probs, lengths)
 
 

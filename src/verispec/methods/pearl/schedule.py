@@ -263,4 +263,5 @@ def decide_with_uniforms(plan: VerifyPlan, bonus: bool, u: Tensor) -> tuple[int,
         tau = max((i + 1 for i, a in enumerate(accepted) if a), default=0)
     if tau == k and not bonus:
         return tau, None
-    return tau, sample_with_uniform(plan.residuals[0, tau], float(u[k]))
+    at = torch.tensor([tau], dtype=torch.int64, device=h.device)
+    return tau, sample_with_uniform(plan.residual(at)[0], float(u[k]))
