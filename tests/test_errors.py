@@ -78,6 +78,36 @@ def test_all_minus_inf_row_is_non_finite() -> None:
         Sampling().probs(torch.full((2, 3), -math.inf, dtype=torch.float64))
 
 
+WARPS = [Sampling(), Sampling(temperature=0), Sampling(top_k=2), Sampling(top_p=0.5),
+         Sampling(temperature=0.7, top_k=3, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling", WARPS, ids=lambda s: s.describe())
+@pytest.mark.parametrize("value", [math.nan, math.inf, "all -inf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_warp_refuses_non_finite_logits(sampling: Sampling, value: object,
+                                              dtype: torch.dtype) -> None:
+    """One poisoned row among good ones is refused by every warp, greedy included, with
+    the reason; finite logits (-inf entries allowed) pass."""
+    logits = torch.randn((3, 2, 5), generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[0, 1, 3] = -math.inf
+    sampling.probs(logits)  # fine
+    if value == "all -inf":
+        logits[2, 0] = -math.inf
+        match = "-inf everywhere"
+    else:
+        logits[1, 1, 2] = value  # type: ignore[assignment]
+        match = "non-finite logits"
+    with pytest.raises(NonFiniteLogitsError, match=match):
+        sampling.probs(logits)
+
+
+def test_logits_that_overflow_at_a_low_temperature_are_refused() -> None:
+    logits = torch.tensor([[3e38, 1.0, -3e38]])
+    with pytest.raises(NonFiniteLogitsError, match="temperature"):
+        Sampling(temperature=0.01).probs(logits)
+
+
 @pytest.mark.parametrize("prompt", [[], ""])
 def test_empty_prompt(prompt: list | str) -> None:
     target, draft = _toys()

@@ -48,6 +48,16 @@ def check_finite(logits: Tensor, who: str) -> None:
         raise NonFiniteLogitsError(f"{who} produced a row of logits that is -inf everywhere")
 
 
+def _check_rows(summary: Tensor, logits: Tensor, who: str) -> None:
+    """Raise where a per-row ``summary`` [...] of the warped logits is not finite: the
+    detailed reason from :func:`check_finite`, else (finite logits that overflowed when
+    divided by the temperature) a reason of its own. One cheap check on the hot path."""
+    if bool(torch.isfinite(summary).all()):
+        return
+    check_finite(logits, who)
+    raise NonFiniteLogitsError(f"{who}'s logits overflow when divided by the temperature")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Temperature / top-k / top-p warping, applied identically to p (target) and q (draft).
@@ -83,13 +93,16 @@ class Sampling:
         Returns:
             [..., V] probabilities; float64 if the logits are float64, else float32.
         """
-        check_finite(logits, who)
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         x = logits.to(dtype)
         if self.greedy:
-            # One-hot on the first maximal logit: deterministic, identical for p and q.
-            return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
-        x = x / self.temperature
+            # One-hot on the first maximal logit: deterministic, identical for p and q. The
+            # max is NaN where a row holds a NaN, and not finite for +inf or all -inf.
+            top, arg = x.max(dim=-1, keepdim=True)
+            _check_rows(top, logits, who)
+            return torch.zeros_like(x).scatter_(-1, arg, 1.0)
+        if self.temperature != 1.0:
+            x = x / self.temperature
         vocab = x.shape[-1]
         if self.top_k is not None and self.top_k < vocab:
             kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]  # [..., 1]
@@ -102,6 +115,8 @@ class Sampling:
             drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
             probs = probs.masked_fill(drop, 0.0)
             probs = probs / probs.sum(dim=-1, keepdim=True)
+        # a NaN or +inf logit, or a row that is -inf everywhere, makes its softmax row NaN
+        _check_rows(probs.sum(dim=-1), logits, who)
         return probs
 
     def describe(self) -> str:

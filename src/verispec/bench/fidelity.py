@@ -80,9 +80,11 @@ def compare_many(reference: CausalLM, tests: dict[str, CausalLM], prompt: list[i
     return out
 
 
-def int8_schemes(model: str, blocks: str) -> dict[str, CausalLM]:
+def int8_schemes(model: str, blocks: str, eos_token_ids: frozenset[int] = frozenset(),
+                 ) -> dict[str, CausalLM]:
     """int8 models of ``model`` for each ``down/o`` pair of rotation block sizes in
-    ``blocks`` (comma-separated; 0 = no rotation), built in memory (not cached)."""
+    ``blocks`` (comma-separated; 0 = no rotation), built in memory (not cached), stopping
+    at ``eos_token_ids`` like the reference."""
     import json
     from pathlib import Path
 
@@ -101,7 +103,8 @@ def int8_schemes(model: str, blocks: str) -> dict[str, CausalLM]:
         pair = f"{down}/{o}"
         state = int8_state(config, dir_tensors(path), down_block=int(down) or None,
                            o_block=int(o) or None)
-        out[f"int8 {pair}"] = NativeCausalLM(build_int8(config, state), name=f"int8 {pair}")
+        out[f"int8 {pair}"] = NativeCausalLM(build_int8(config, state), name=f"int8 {pair}",
+                                             eos_token_ids=eos_token_ids)
     return out
 
 
@@ -132,11 +135,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--blocks", default=None,
                     help="compare int8 models with these down/o rotation blocks, e.g. "
                          "128/64,256/128 (0: none); replaces --precision")
+    ap.add_argument("--step-costs", action="store_true",
+                    help="also time each test model's pass of 1 and 9 tokens after a 200-token "
+                         "context (interleaved, median of 7) and stop")
     ap.add_argument("--out", default=None, help="write the per-prompt rows and summary as JSON")
     args = ap.parse_args(argv)
     reference = load_model(args.model, precision="float32")
-    tests = (int8_schemes(args.model, args.blocks) if args.blocks else
+    tests = (int8_schemes(args.model, args.blocks, reference.eos_token_ids) if args.blocks else
              {args.precision: load_model(args.model, precision=args.precision)})
+    if args.step_costs:
+        from verispec.models.timing import interleaved_costs
+
+        costs = interleaved_costs([(m, (1, 9)) for m in tests.values()], context=200, reps=7)
+        print(json.dumps({name: {f"k={k}": round(c[k] * 1e3, 1) for k in c}
+                          for name, c in zip(tests, costs, strict=True)}))
+        return 0
     prompts = load_suites(args.suite.split(","), args.num_prompts, None)
     rows: dict[str, list[PromptFidelity]] = {name: [] for name in tests}
     for i, p in enumerate(prompts):

@@ -52,17 +52,24 @@ class Scored:
                                 for s, f, b in zip(self.starts, self.forks, branches, strict=True)])
 
     def nll(self, branches: Sequence[int], news: Sequence[Sequence[int]]) -> list[float]:
-        """−log p_raw of each row's emitted tokens under the *unwarped* target."""
-        out = []
+        """−log p_raw of each row's emitted tokens under the *unwarped* target (every
+        row's positions in one flat pass)."""
+        owner, rows, pos, tok = [], [], [], []
         for b, new in enumerate(news):
-            if not new:
-                out.append(0.0)
-                continue
-            row, lo = self.starts[b] + branches[b], self.offsets[b]
-            raw = torch.log_softmax(self.logits[row, lo : lo + len(new)].float(), dim=-1)  # [n, V]
-            picked = raw.gather(-1, torch.tensor(list(new), device=raw.device)[:, None])
-            out.append(-float(picked.sum()))
-        return out
+            for j, t in enumerate(new):
+                owner.append(b)
+                rows.append(self.starts[b] + branches[b])
+                pos.append(self.offsets[b] + j)
+                tok.append(t)
+        if not tok:
+            return [0.0] * len(news)
+        dev = self.logits.device
+        raw = self.logits[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)]
+        raw = raw.float()  # [N, V]
+        picked = raw.gather(-1, torch.tensor(tok, device=dev)[:, None])[:, 0]  # [N]
+        per = (torch.logsumexp(raw, dim=-1) - picked).double().cpu()  # [N]
+        out = torch.zeros(len(news), dtype=torch.float64).index_add_(0, torch.tensor(owner), per)
+        return out.tolist()
 
 
 def score_blocks(target: CausalLM, rows: Sequence[Row], drafts: Sequence[Draft]) -> Scored:
@@ -96,9 +103,18 @@ def gather_verify_batch(scored: Scored, idx: Sequence[int], rows: Sequence[Row],
     dev, vocab = logits.device, logits.shape[-1]
     lengths = torch.tensor([d.gamma for d in drafts], dtype=torch.int64)  # [B]
     simple = len(idx) == 1 and scored.offsets[idx[0]] == 0 and scored.forks[idx[0]] == m
+    offset = scored.offsets[idx[0]]
+    starts = [scored.starts[i] for i in idx]
     if simple:  # one row, nothing to pad: views only
         s = scored.starts[idx[0]]
         raw = logits[s : s + m, : gamma + 1][None]  # [1, M, γ+1, V]
+    elif (m == 1 and offset + gamma + 1 <= logits.shape[1]
+          and starts == list(range(starts[0], starts[0] + len(idx)))
+          and all(scored.forks[i] == 1 and scored.offsets[i] == offset for i in idx)):
+        # consecutive single cache rows with the same offset: a view, no gathered copy
+        # (positions past a row's γ_b hold its filler's logits, never read)
+        raw = logits[starts[0] : starts[0] + len(idx), offset : offset + gamma + 1, None]
+        raw = raw.transpose(1, 2)  # [B, 1, γ+1, V]
     else:
         cache_rows = torch.tensor([[scored.starts[i] + (j if scored.forks[i] > 1 else 0)
                                     for j in range(m)] for i in idx], device=dev)  # [B, M]
@@ -128,15 +144,18 @@ def _pad_drafts(drafts: Sequence[Draft], m: int, gamma: int, vocab: int, dtype: 
                 device: torch.device) -> tuple[Tensor, Tensor]:
     """q [B, M, γ, V] and tokens [B, M, γ], padded past each γ_b with token 0 drawn from a
     one-hot q (finite ratios in positions that are never read)."""
-    q = torch.zeros((len(drafts), m, gamma, vocab), dtype=dtype, device=device)
+    q = torch.empty((len(drafts), m, gamma, vocab), dtype=dtype, device=device)
     tokens = torch.zeros((len(drafts), m, gamma), dtype=torch.int64, device=device)
-    q[..., 0] = 1.0
     for b, d in enumerate(drafts):
-        g = d.gamma
-        if g == 0:
+        g = d.gamma if d.probs is not None else 0  # no q: one-hot everywhere
+        if g < gamma:  # written once: zeros and the one-hot at token 0
+            q[b, :, g:] = 0.0
+            q[b, :, g:, 0] = 1.0
+        if d.gamma == 0:
             continue
         rows = d.tokens.shape[0]
-        tokens[b, :, :g] = d.tokens.to(device).expand(m, g) if rows != m else d.tokens.to(device)
+        tokens[b, :, :d.gamma] = (d.tokens.to(device).expand(m, d.gamma) if rows != m
+                                  else d.tokens.to(device))
         if d.probs is not None:
             q[b, :, :g] = d.probs.to(device=device, dtype=dtype).expand(m, g, vocab)
     return q, tokens

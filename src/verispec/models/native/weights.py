@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: precision -> format version of a cache file's contents
-CACHE_VERSIONS = {"int8": "verispec-int8/5", "int4": "verispec-int4/2"}
+CACHE_VERSIONS = {"int8": "verispec-int8/6", "int4": "verispec-int4/2"}
 #: names of the caches that older versions wrote into a model directory (never read as
 #: weights, never written any more)
 CACHE_FILES = {"int8": "verispec-int8.safetensors", "int4": "verispec-int4.safetensors"}
@@ -216,7 +216,7 @@ def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 
 
-DOWN_BLOCK = 128  # block size of the online rotation of down_proj's input
+DOWN_BLOCK = 256  # block size of the online rotation of down_proj's input
 O_BLOCK = 64  # block size of the online rotation of o_proj's input
 #: layers whose activations are fed as two codes (:class:`Int8Linear`'s ``split``)
 SPLIT_LAYERS: tuple[str, ...] = ()
@@ -255,14 +255,16 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
       matrices writing to it Q W. RMSNorm commutes with Q, so the float function is the same.
     * ``down_block``, ``o_block``: the inputs of down_proj (after the SiLU gate) and of o_proj
       (the attention heads' outputs), where no folding is possible, are multiplied at run
-      time by a block-diagonal orthogonal matrix B (one random b×b block repeated, b = 128
+      time by a block-diagonal orthogonal matrix B (one random b×b block repeated, b = 256
       and 64: one small matmul per layer each) and the weights become W B.
 
     Measured on the 1.5B target with 8-bit codes (KL(float32 ‖ int8) per token, 600
     positions of code and a chat prompt): plain per-token int8 0.026, SmoothQuant (α = 0.5)
     0.010, the residual rotation and a 64-block down_proj rotation 0.003. With 7-bit codes
     (858 teacher-forced positions of 6 HumanEval solutions): down_proj blocks of 64 0.0032,
-    of 128 0.0027, plus o_proj blocks of 64 0.0025.
+    of 128 0.0027, plus o_proj blocks of 64 0.0025; along the float32 model's greedy texts
+    of 12 benchmark prompts (``python -m verispec.bench.fidelity --blocks``, 815 positions):
+    down_proj/o_proj blocks of 128/64 0.0031, 256/64 0.0024, 256/128 0.0025.
     """
     state: dict[str, Tensor] = {}
     embed, head, final_norm = _embed_and_head(c, get)
