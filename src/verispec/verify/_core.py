@@ -90,7 +90,7 @@ class VerifyPlan:
                  lengths: Tensor | None = None, *, residual_at: ResidualAt | None = None,
                  ) -> None:
         if (residuals is None) == (residual_at is None):
-            raise ValueError("a plan needs its residuals or residual_at, not both")
+            raise ValueError("a plan takes exactly one of residuals and residual_at")
         self.accept_probs = accept_probs
         self.rule = rule
         self.lengths = lengths
