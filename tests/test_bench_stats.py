@@ -371,3 +371,36 @@ def test_law_check_is_labelled_as_a_one_sample_calibration_check():
     md = render_markdown(build_summary({}, rows))
     assert ("One-sample calibration check of emitted tokens under the target's law (Z of "
             "NLL − entropy, KS of randomized PIT)") in md
+
+
+def test_gamma_auto_is_paired_with_every_fixed_gamma_and_the_best_is_marked():
+    """γ auto / fixed γ per prompt (repeats averaged in logs first), the fastest fixed γ
+    marked, rendered in the report; a method without γ auto gets no entry."""
+    from verispec.bench.comparisons import gamma_auto_comparisons
+
+    rng = random.Random(3)
+    rows = []
+    speeds = {2: 1.2, 4: 1.5, "auto": 1.4}
+    for p in range(6):
+        for r in range(2):
+            for gamma, speed in speeds.items():
+                tokens = 50
+                rows.append(row("block", p, r, tokens,
+                                tokens / (10 * speed * rng.uniform(0.9, 1.1)), gamma=gamma))
+            rows.append(row("token", p, r, 50, 4.0, gamma=3))
+    entries = gamma_auto_comparisons(rows)
+    assert [(e["method"], e["gamma"], e["best"]) for e in entries] == [
+        ("block", 2, False), ("block", 4, True)]
+    auto = [x for x in rows if x["gamma"] == "auto"]
+    for e in entries:
+        fixed = [x for x in rows if x["method"] == "block" and x["gamma"] == e["gamma"]]
+        per_prompt = [statistics.fmean(math.log(a["tokens"] / a["seconds"] * b["seconds"]
+                                                / b["tokens"])
+                                       for a in auto for b in fixed
+                                       if a["prompt_id"] == b["prompt_id"] == f"p{p}"
+                                       and a["repeat"] == b["repeat"]) for p in range(6)]
+        assert e["ratio"] == pytest.approx(math.exp(statistics.fmean(per_prompt)))
+        assert e["pairs"] == 6 and e["ratio_ci95"][0] < e["ratio"] < e["ratio_ci95"][1]
+    summary = {"meta": {}, "rows": summarize(rows), "gamma_auto": entries}
+    text = render_markdown(summary)
+    assert "γ chosen by measurement against fixed γ" in text and "| block | 4 ★ | 6 |" in text

@@ -636,3 +636,23 @@ def test_drafts_are_quantized_without_run_time_rotations(module: Any, tmp_path: 
         m.rollback([len(prefix)])
         ones = torch.cat([m.extend([[t]])[0] for t in more])  # [4, V]
         assert torch.equal(whole, ones)
+
+
+def test_recorded_pass_costs_are_keyed_by_the_models_variant(module: Any) -> None:
+    """Two models of one name and precision that run different quantized forms or score
+    different vocabularies get different pass-cost records; the same form, the same one."""
+    from verispec.engine.costs import cost_key
+
+    def key(target: NativeCausalLM, draft: NativeCausalLM) -> str:
+        return cost_key(target, draft, context=8, shapes=[(1, 1), (1, 2)])
+
+    full = from_hf_module(module, name="m")
+    again = from_hf_module(module, name="m")
+    subset = from_hf_module(module, name="m", vocabulary=40)
+    assert key(full, full) == key(again, again)
+    assert key(full, full) != key(full, subset)
+    if int8_available():
+        rotated = from_hf_module(module, name="m", precision="int8")
+        plain = from_hf_module(module, name="m", precision="int8", online_rotations=False)
+        assert rotated.variant != plain.variant
+        assert key(full, rotated) != key(full, plain)

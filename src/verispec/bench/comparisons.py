@@ -32,7 +32,8 @@ from verispec.bench.metrics import (
     throughput,
 )
 
-__all__ = ["BEST_OURS", "CONFIG", "peer_comparisons", "peer_configs", "render_comparisons"]
+__all__ = ["BEST_OURS", "CONFIG", "gamma_auto_comparisons", "peer_comparisons", "peer_configs",
+           "render_comparisons", "render_gamma_auto"]
 
 Row = dict[str, Any]
 ConfigKey = tuple[str, float, Any]  # method label, temperature, γ (batch size 1)
@@ -122,6 +123,27 @@ def peer_comparisons(results: Sequence[Row]) -> list[Row]:
     return out
 
 
+def gamma_auto_comparisons(results: Sequence[Row]) -> list[Row]:
+    """γ auto against every fixed γ of the same method and temperature (batch size 1),
+    paired per prompt like :func:`peer_comparisons`; ``best`` marks the fixed γ with the
+    highest geometric-mean tokens per second, the one the γ policy has to match."""
+    configs = _configs(results)
+    out: list[Row] = []
+    for (method, t, gamma), auto in configs.items():
+        if gamma != "auto":
+            continue
+        fixed = [(k, rows) for k, rows in configs.items()
+                 if k[0] == method and k[1] == t and k[2] not in ("auto", None, 0)]
+        if not fixed:
+            continue
+        top = max(fixed, key=lambda f: _speed(f[1]))[0]
+        for k, rows in fixed:
+            r = paired_ratio(auto, rows, throughput)
+            out.append({"temperature": t, "method": method, "gamma": k[2], "best": k == top,
+                        "pairs": r.prompts, "ratio": r.ratio, "ratio_ci95": r.ci95})
+    return out
+
+
 # ---------------------------------------------------------------- markdown
 
 
@@ -171,3 +193,16 @@ def render_comparisons(summary: dict[str, Any], temperature: float) -> list[str]
                      _ratio(c["speedup_decode"], c["speedup_decode_ci95"])])
     return lines + _table(["verispec", "vs peer", "prompts", "tok/s ratio [95% CI]",
                            "decode tok/s ratio [95% CI]"], body)
+
+
+def render_gamma_auto(summary: dict[str, Any], temperature: float) -> list[str]:
+    """The markdown of γ auto against each fixed γ at one temperature (★: the best fixed)."""
+    entries = [c for c in summary.get("gamma_auto", []) if c["temperature"] == temperature]
+    if not entries:
+        return []
+    lines = [("γ auto / fixed γ (paired per prompt; geometric mean over prompts, 95% Student-t "
+              "interval over prompts; ★ = the fastest fixed γ):"), ""]
+    return lines + _table(["method", "fixed γ", "prompts", "γ auto / fixed γ [95% CI]"],
+                          [[c["method"], f"{c['gamma']}" + (" ★" if c["best"] else ""),
+                            str(c["pairs"]), _ratio(c["ratio"], c["ratio_ci95"])]
+                           for c in entries])

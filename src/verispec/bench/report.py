@@ -32,7 +32,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from verispec.bench.comparisons import peer_comparisons, peer_configs, render_comparisons
+from verispec.bench.comparisons import (
+    gamma_auto_comparisons,
+    peer_comparisons,
+    peer_configs,
+    render_comparisons,
+    render_gamma_auto,
+)
 from verispec.bench.lawcheck import KS_LIMIT, Z_LIMIT
 from verispec.bench.metrics import ALL, ESTIMATOR_NOTES, PEER_PREFIXES, summarize
 
@@ -280,6 +286,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         peers = render_comparisons(summary, t)
         if peers:
             lines += ["### Against peers (paired per prompt)", ""] + peers
+        auto = render_gamma_auto(summary, t)
+        if auto:
+            lines += ["### γ chosen by measurement against fixed γ", ""] + auto
         lines += ["### Speed, energy and quality (perplexity under the target)", ""]
         lines += _quality(trows)
         lines += _extras(trows, t)
@@ -295,7 +304,8 @@ def build_summary(meta: dict[str, Any], results: list[Row]) -> dict[str, Any]:
     """The summary of a run's result rows: ``meta``, the groups' ``rows``
     (:func:`.metrics.summarize`), ``peer_configs`` and ``comparisons`` (:mod:`.comparisons`)."""
     return {"meta": meta, "rows": summarize(results), "peer_configs": peer_configs(results),
-            "comparisons": peer_comparisons(results)}
+            "comparisons": peer_comparisons(results),
+            "gamma_auto": gamma_auto_comparisons(results)}
 
 
 def _add_comparisons(summary: dict[str, Any], results_path: Path) -> None:
@@ -307,6 +317,7 @@ def _add_comparisons(summary: dict[str, Any], results_path: Path) -> None:
                if (r["method"], r["temperature"], r["gamma"], r["batch_size"]) in shown]
     summary["peer_configs"] = peer_configs(results)
     summary["comparisons"] = peer_comparisons(results)
+    summary["gamma_auto"] = gamma_auto_comparisons(results)
 
 
 def write_reports(out: Path, summary: dict[str, Any]) -> None:

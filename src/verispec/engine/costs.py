@@ -221,9 +221,11 @@ def grid_shapes(rows: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]
 
 def cost_key(target: CausalLM, draft: CausalLM, *, context: int,
              shapes: Sequence[tuple[int, int]]) -> str:
-    """The name of a pair's record: model names and precisions, the machine and the grid."""
+    """The name of a pair's record: model names, precisions and variants, the machine and
+    the grid."""
     int8 = "int8" in (target.precision, draft.precision)
-    text = "|".join([target.name, target.precision, draft.name, draft.precision,
+    text = "|".join([target.name, target.precision, target.variant, draft.name,
+                     draft.precision, draft.variant,
                      machine_signature(target.device, int8), f"context={context}",
                      "shapes=" + ",".join(f"{r}x{k}" for r, k in shapes), f"v{RECORD_VERSION}"])
     return hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -64,6 +64,9 @@ class CausalLM(ABC):
         name: human-readable identifier.
         tokenizer: the model's tokenizer (``encode``/``decode``), or None.
         precision: the numeric format the weights run in (``"float32"``, ``"int8"``, ...).
+        variant: what else decides a pass's cost beside the name and precision (a quantized
+            model's format and options; "" where nothing does): recorded pass costs are
+            keyed by it.
         forward_calls: forward passes so far (prefills included), for statistics.
     """
 
@@ -74,6 +77,7 @@ class CausalLM(ABC):
     name: str
     tokenizer: Any = None
     precision: str = "float32"
+    variant: str = ""
 
     def __init__(self) -> None:
         self.forward_calls = 0

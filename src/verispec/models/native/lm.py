@@ -79,6 +79,15 @@ class NativeCausalLM(CausalLM):
         self.cache = SlotCache(self._new_cache)
         self.reset()
 
+    @property
+    def variant(self) -> str:  # type: ignore[override]
+        """The quantized format's version and options (see :attr:`CausalLM.variant`)."""
+        from verispec.models.native.weights import CACHE_VERSIONS
+
+        return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
+                f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"
+                f"|prefill={self.prefill_net is not None}")
+
     def _new_cache(self, slots: int, capacity: int) -> tuple[list[Tensor], list[Tensor]]:
         return self.net.new_cache(slots, capacity)  # per layer [P, Hkv, L, D]
 
