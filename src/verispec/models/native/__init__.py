@@ -199,7 +199,8 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
     its cache file when valid (else made and cached)."""
     kernel = default_kernel() if precision == "int8" else None
     build = build_int8 if precision == "int8" else build_int4
-    state = load_cache(path, precision, kernel, ids, online_rotations=online_rotations) if cache else None
+    state = (load_cache(path, precision, kernel, ids, online_rotations=online_rotations)
+             if cache else None)
     if state is not None:
         try:
             return build(config, state, kernel) if kernel else build(config, state)
@@ -218,7 +219,8 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
         net = build_int4(config, state)
     if cache:
         try:
-            saved = save_cache(path, precision, state, kernel, ids, online_rotations=online_rotations)
+            saved = save_cache(path, precision, state, kernel, ids,
+                               online_rotations=online_rotations)
             say(f"saved {saved.name} ({saved.stat().st_size / 2**30:.2f} GiB)")
         except OSError as e:
             say(f"could not cache the {precision} weights: {e}")
