@@ -8,6 +8,7 @@ from uniform and greedy argmax gaps (~1e-2) dwarf float32 noise (~1e-6).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -16,9 +17,19 @@ import torch
 
 from verispec.models.hf import HFCausalLM
 
-__all__ = ["TinyTokenizer", "make_tiny_model", "wrap_tiny"]
+__all__ = ["TinyTokenizer", "make_tiny_model", "wait_for", "wrap_tiny"]
 
 TINY_VOCAB = 64
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "",
+             poll: float = 0.02) -> None:
+    """Poll ``condition`` every ``poll`` seconds; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll)
 
 
 class TinyTokenizer:

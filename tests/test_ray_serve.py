@@ -33,6 +33,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+import conftest  # noqa: E402
 from verispec.server import ServerConfig, ServerHandle, create_app
 from verispec.server.cli import main as serve_main
 from verispec.server.replica_options import ModelSpec, ReplicaOptions
@@ -79,11 +80,8 @@ def alive(pids: set[int]) -> set[int]:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    """:func:`conftest.wait_for` at the pace of a Ray cluster (longer default, 0.1 s polls)."""
+    conftest.wait_for(condition, timeout, what, poll=0.1)
 
 
 @dataclass

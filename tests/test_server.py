@@ -33,6 +33,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 import verispec  # noqa: E402
+from conftest import wait_for  # noqa: E402
 from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
 from verispec.models.toy import RandomContextLM, ToyTokenizer  # noqa: E402
@@ -142,14 +143,6 @@ def metrics(handle: ServerHandle) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def stream_text(stream: Any, chat: bool = False) -> tuple[str, Any]:

@@ -38,6 +38,7 @@ __all__ = [
     "draw_rows",
     "normalise_or",
     "plan_law",
+    "residual_from_weights",
     "restrict",
     "token_prob",
 ]
@@ -172,6 +173,30 @@ def normalise_or(weights: Tensor, fallback: Tensor) -> Tensor:
     total = weights.sum(dim=-1, keepdim=True)
     ok = total > 0
     return torch.where(ok, weights / torch.where(ok, total, torch.ones_like(total)), fallback)
+
+
+def residual_from_weights(target_probs: Tensor,
+                          weights_at: Callable[[Tensor, Tensor], Tensor]) -> ResidualAt:
+    """The ``residual_at`` of a plan whose residual at τ < γ is a normalised weight vector
+    and at τ = γ the bonus p_γ (token and block verification).
+
+    Args:
+        target_probs: [B, γ+1, V] p.
+        weights_at: (rows [B], positions [B] in [0, γ)) -> [B, V] non-negative weights; a
+            zero-mass row falls back to p at that position (:func:`normalise_or`).
+    """
+    b, g1 = target_probs.shape[:2]
+    gamma = g1 - 1
+    rows = torch.arange(b, device=target_probs.device)
+
+    def residual_at(tau: Tensor) -> Tensor:  # [B] -> [B, V]
+        p = target_probs[rows, tau]  # [B, V]
+        if gamma == 0:
+            return p
+        w = weights_at(rows, tau.clamp(max=gamma - 1))  # [B, V]
+        return torch.where((tau == gamma)[:, None], p, normalise_or(w, p))
+
+    return residual_at
 
 
 def draw(plan: VerifyPlan, generator: torch.Generator) -> VerifyResult:

@@ -20,7 +20,7 @@ from verispec.verify._core import (
     VerifyResult,
     check_verifier_inputs,
     draw,
-    normalise_or,
+    residual_from_weights,
     restrict,
     token_prob,
 )
@@ -53,15 +53,7 @@ def block_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, 
     h_inner = torch.where(denom > 0, mass / torch.where(denom > 0, denom, 1.0), 0.0)  # [B, γ]
     # h_0 is never used (τ = 0 needs no acceptance); shift to h_1..h_{γ-1} and append h_γ.
     h = torch.cat([h_inner[:, 1:], p_path[:, 1:][:, -1:]], dim=1)  # [B, γ] (empty if γ = 0)
-    rows = torch.arange(b, device=h.device)
-
-    def residual_at(tau: Tensor) -> Tensor:  # [B] -> [B, V]: weights_τ normalised, or p_γ
-        p = target_probs[rows, tau]  # [B, V]
-        if gamma == 0:
-            return p
-        w = weights[rows, tau.clamp(max=gamma - 1)]  # [B, V]
-        return torch.where((tau == gamma)[:, None], p, normalise_or(w, p))
-
+    residual_at = residual_from_weights(target_probs, lambda rows, i: weights[rows, i])
     return restrict(VerifyPlan(h, None, "last_accept", residual_at=residual_at),
                     target_probs, lengths, last_accept=p_path)
 

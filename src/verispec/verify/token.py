@@ -15,7 +15,7 @@ from verispec.verify._core import (
     VerifyResult,
     check_verifier_inputs,
     draw,
-    normalise_or,
+    residual_from_weights,
     restrict,
     token_prob,
 )
@@ -37,16 +37,8 @@ def token_plan(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, 
     p_x = token_prob(target_probs, draft_tokens)  # [B, γ]
     q_x = token_prob(draft_probs, draft_tokens)  # [B, γ]
     h = torch.clamp(p_x / q_x, max=1.0)  # [B, γ]
-    rows = torch.arange(h.shape[0], device=h.device)
-    gamma = h.shape[1]
-
-    def residual_at(tau: Tensor) -> Tensor:  # [B] -> [B, V]: [p - q]_+ normalised, or p_γ
-        p = target_probs[rows, tau]  # [B, V]
-        if gamma == 0:
-            return p
-        q = draft_probs[rows, tau.clamp(max=gamma - 1)]  # [B, V]
-        return torch.where((tau == gamma)[:, None], p, normalise_or((p - q).clamp_min_(0), p))
-
+    residual_at = residual_from_weights(  # [p_i - q_i]_+ at a rejected position i
+        target_probs, lambda rows, i: (target_probs[rows, i] - draft_probs[rows, i]).clamp_min_(0))
     return restrict(VerifyPlan(h, None, "first_reject", residual_at=residual_at),
                     target_probs, lengths)
 
