@@ -140,8 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "context (interleaved, median of 7) and stop")
     ap.add_argument("--out", default=None, help="write the per-prompt rows and summary as JSON")
     args = ap.parse_args(argv)
-    reference = load_model(args.model, precision="float32")
-    tests = (int8_schemes(args.model, args.blocks, reference.eos_token_ids) if args.blocks else
+    # the float32 reference only where texts are compared (a timing generates nothing)
+    reference = None if args.step_costs else load_model(args.model, precision="float32")
+    eos = frozenset() if reference is None else reference.eos_token_ids
+    tests = (int8_schemes(args.model, args.blocks, eos) if args.blocks else
              {args.precision: load_model(args.model, precision=args.precision)})
     if args.step_costs:
         from verispec.models.timing import interleaved_costs
@@ -150,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({name: {f"k={k}": round(c[k] * 1e3, 1) for k in c}
                           for name, c in zip(tests, costs, strict=True)}))
         return 0
+    assert reference is not None
     prompts = load_suites(args.suite.split(","), args.num_prompts, None)
     rows: dict[str, list[PromptFidelity]] = {name: [] for name in tests}
     for i, p in enumerate(prompts):
