@@ -6,17 +6,20 @@ pass costs are timed once per key and read back from disk.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from verifier_doubles import TargetResidual
 
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
 from verispec.engine import loop
-from verispec.engine.batch_gamma import RowDemand, batch_choice, choose_gammas
+from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
+                                         choose_gammas)
 from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
 from verispec.engine.gamma import AutoGamma, PassCosts
 from verispec.engine.loop import Engine
@@ -90,6 +93,86 @@ def test_batch_choice_respects_floors_caps_and_fixed_rows() -> None:
     assert batch_choice([RowDemand(0.3, 0, 0)] * 3, LINEAR) == [0, 0, 0]
 
 
+class ScriptedOverhead(IterationOverhead):
+    """Records, in place of the wall time, the grid's passes plus ``per_position`` seconds
+    per drafted position: a deterministic engine overhead (the replayed runs must take the
+    same decisions for the same random draws)."""
+
+    def __init__(self, per_position: float) -> None:
+        super().__init__()
+        self.per_position = per_position
+
+    def record(self, rows: Sequence[object], gammas: Sequence[int], seconds: float) -> None:
+        costs = rows[0].request.gamma.costs.batch  # type: ignore[attr-defined]
+        g = max(gammas)
+        scripted = costs.iteration(len(rows), g) + self.per_position * len(rows) * g
+        super().record(rows, gammas, scripted)  # type: ignore[arg-type]
+
+
+def test_overhead_is_learned_from_iterations() -> None:
+    """Noiseless iterations of c₀ + c₁·R + c₂·R·g seconds: the fit predicts unseen shapes."""
+    c0, c1, c2 = 0.004, 0.002, 0.006
+    learned = IterationOverhead()
+    assert learned.predict(8, 4) == 0.0  # nothing seen: drafting is assumed free
+    for i in range(300):
+        rows, g = 2 + i % 5, (i // 5) % 4
+        learned.observe(rows, g, c0 + c1 * rows + c2 * rows * g)
+    assert learned.predict(8, 6) == pytest.approx(c0 + c1 * 8 + c2 * 48, rel=0.02)
+    assert learned.predict(3, 0) == pytest.approx(c0 + c1 * 3, rel=0.02)
+
+
+def test_a_learned_overhead_flips_the_batch_choice() -> None:
+    """On the flat grid 8 rows draft; once the engine has learned that every drafted
+    position costs it a tenth of a second, they decode plainly. The passes alone (the grid)
+    did not change."""
+    assert all(g > 0 for g in _choice(FLAT, 8))
+    costly = IterationOverhead()
+    for i in range(100):
+        rows, g = 4 + i % 5, i % 3
+        costly.observe(rows, g, 0.1 * rows * g)
+    demands = [RowDemand(ALPHA, 0, MAX_GAMMA)] * 8
+    assert batch_choice(demands, FLAT, costly) == [0] * 8
+    assert batch_choice(demands, FLAT, IterationOverhead()) == _choice(FLAT, 8)
+
+
+class SlowReader(RandomContextLM):
+    """A toy draft whose reading of a context (``add_rows``) takes ``READING_S`` seconds."""
+
+    def _add_rows(self, prefixes: list[list[int]]) -> None:
+        time.sleep(READING_S)
+        super()._add_rows(prefixes)
+
+
+#: The slow draft's reading: far above a toy iteration's own time.
+READING_S = 0.4
+#: Passes that cost a microsecond: an iteration's recorded time is then the engine's own.
+MICRO = BatchCosts(target={(r, k): 1e-6 for r in ROWS for k in KS}, draft=dict.fromkeys(ROWS, 1e-6))
+
+
+def test_the_drafts_reading_of_a_prompt_is_not_counted_as_overhead() -> None:
+    """The draft's first reading of a context is a one-time cost (the reading-pays rule
+    weighs it), not the engine's time per iteration: the iteration in which the rows join
+    the draft's cache records its time without their reading."""
+    target, draft = RandomContextLM(2, seed=41), SlowReader(2, seed=42)
+    m = build_method("block")
+    maker = make_drafter(target, draft, m)
+    seen: list[tuple[int, int, float]] = []
+
+    class Capture(IterationOverhead):
+        def observe(self, rows: int, g: int, seconds: float) -> None:
+            seen.append((rows, g, seconds))
+            super().observe(rows, g, seconds)
+
+    engine = Engine(target.spawn(), batch_size=2, overhead=Capture())
+    reqs = [Request([0, 1, 1], m, m.adjust_sampling(Sampling()), 4,
+                    Randomness(torch.Generator().manual_seed(b)),
+                    AutoGamma(MICRO.single(), max_gamma=2, min_gamma=1), maker) for b in range(2)]
+    engine.run(reqs)
+    assert maker.reading_time_s >= READING_S
+    assert seen and all(g > 0 for _, g, _ in seen)  # the rows drafted (and joined) at once
+    assert all(-1e-3 < seconds < READING_S / 2 for _, _, seconds in seen)
+
+
 def _rows(policies: Sequence[object]) -> list[SimpleNamespace]:
     return [SimpleNamespace(request=SimpleNamespace(gamma=p), num_drafts=1) for p in policies]
 
@@ -112,14 +195,15 @@ def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:
 
 def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequence[int]],
                        budgets: Sequence[int], costs: PassCosts, batch_size: int,
-                       ) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
+                       per_position: float = 0.0) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
                                   RandomContextLM]:
     target, draft = RandomContextLM(2, seed=41), RandomContextLM(2, seed=42)
     m = build_method(method) if isinstance(method, str) else method
 
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
         maker = make_drafter(target, draft.spawn(), m)
-        engine = Engine(target.spawn(), batch_size=batch_size)
+        engine = Engine(target.spawn(), batch_size=batch_size,
+                        overhead=ScriptedOverhead(per_position))
         reqs = [Request(list(p), m, m.adjust_sampling(Sampling()), n, r,
                         AutoGamma(costs, max_gamma=3), maker)
                 for p, n, r in zip(prompts, budgets, randoms, strict=True)]
@@ -133,25 +217,29 @@ BATCHES = {2: ([[0, 1, 1], [1]], [3, 3]), 3: ([[0, 1, 1], [1], [0]], [2, 3, 2])}
 
 
 @pytest.mark.parametrize("rows", sorted(BATCHES))
-@pytest.mark.parametrize("method", ["token", "block"])
-def test_batch_chosen_gamma_stays_exact(method: str, rows: int,
+@pytest.mark.parametrize(("method", "per_position"), [("token", 0.0), ("block", 0.0),
+                                                      ("block", 0.05)])
+def test_batch_chosen_gamma_stays_exact(method: str, per_position: float, rows: int,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` rows whose γ the batch policy chooses from all rows' acceptances (so it
-    moves between 0 and drafting as they accept or reject): the joint law of their outputs
-    is the product of the target laws."""
+    """``auto`` rows whose γ the batch policy chooses from all rows' acceptances and the
+    engine overhead learned from earlier iterations (so it moves between 0 and drafting as
+    they accept or reject): the joint law of their outputs is the product of the target
+    laws."""
     assert _choice(BALANCED, rows, 0.3)[0] == 0 < _choice(BALANCED, rows, 0.9)[0]
     seen: set[tuple[int, ...]] = set()
     real = loop.choose_gammas
 
-    def spy(rows: Sequence[object], caps: Sequence[int]) -> list[int]:
-        got = real(rows, caps)  # type: ignore[arg-type]
+    def spy(rows: Sequence[object], caps: Sequence[int],
+            overhead: IterationOverhead | None = None) -> list[int]:
+        got = real(rows, caps, overhead)  # type: ignore[arg-type]
         if len(rows) > 1:
             seen.add(tuple(got))
         return got
 
     monkeypatch.setattr(loop, "choose_gammas", spy)
     prompts, budgets = BATCHES[rows]
-    run, target = _auto_batch_runner(method, prompts, budgets, BALANCED.single(), rows)
+    run, target = _auto_batch_runner(method, prompts, budgets, BALANCED.single(), rows,
+                                     per_position)
     law = engine_law(run, rows=rows)
     assert any(max(g) == 0 for g in seen) and any(max(g) > 0 for g in seen)
     want: dict[tuple[tuple[int, ...], ...], float] = {(): 1.0}

@@ -281,7 +281,7 @@ def test_llamacpp_spec_samples_through_the_fake_binary(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """llamacpp-spec samples through run_llamacpp and the fake llama-speculative-simple of
     the llama.cpp tests (no library, no GGUF): the k-token prefix of its output per seed."""
-    fake = pytest.importorskip("test_llamacpp")
+    fake = pytest.importorskip("test_llamacpp_spec")
     for name in ("t.gguf", "d.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
     monkeypatch.setattr(fake.L, "_llama_cpp", lambda: None)

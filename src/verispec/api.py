@@ -243,10 +243,10 @@ def generate_batch(
       of batched kernels on real ones);
     * **γ auto** (the default where the draft model drafts): each iteration's draft lengths
       are chosen for the whole batch from the past only (each row's acceptance so far, the
-      pair's pooled acceptance, the measured cost of a batched pass), so every prompt's
-      output law is exactly the method's (the target's for a lossless method), but at
-      T > 0 its seeded text can depend on the rest of the batch: another γ uses other
-      random draws.
+      pair's pooled acceptance, the measured cost of a batched pass, the engine's time per
+      iteration learned so far), so every prompt's output law is exactly the method's (the
+      target's for a lossless method), but at T > 0 its seeded text can depend on the rest
+      of the batch and on timing: another γ uses other random draws.
 
     A finished row's slot takes the next prompt.
 
@@ -261,16 +261,7 @@ def generate_batch(
     Returns:
         :class:`BatchGenerationResult`; ``stats.tokens_per_second`` is the whole batch's.
     """
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of prompts; use generate() for a single prompt")
-    if not prompts:
-        raise ValueError("no prompts given")
-    seeds = [seed] * len(prompts) if seeds is None else [int(s) for s in seeds]
-    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
-        else list(max_new_tokens)
-    if len(seeds) != len(prompts) or len(budgets) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts need as many seeds and budgets, got "
-                         f"{len(seeds)} and {len(budgets)}")
+    seeds, budgets = _per_prompt(prompts, seed, seeds, max_new_tokens)
     config = RequestConfig(method, method_options, gamma, drafter, None, temperature, top_k,
                            top_p, precision, draft_precision=draft_precision)
     run = _prepare(target, draft, config, progress, batched=True)
@@ -296,13 +287,28 @@ def generate_batch(
     stats.energy_joules, stats.energy_source = meter.joules, meter.source
     notes = _notes(run)
     stats.notes.extend(notes)
-    results = []
     for row in rows:
         row.stats.energy_source = "measured for the whole batch only (see the batch statistics)"
         row.stats.notes.extend(notes)
-        results.append(GenerationResult(tokens=list(row.emitted), text=decode(tgt, row.emitted),
-                                        stats=row.stats))
-    return BatchGenerationResult(results=results, stats=stats)
+    return BatchGenerationResult(
+        results=[GenerationResult(tokens=list(r.emitted), text=decode(tgt, r.emitted),
+                                  stats=r.stats) for r in rows], stats=stats)
+
+
+def _per_prompt(prompts: Sequence[str | Sequence[int]], seed: int, seeds: Sequence[int] | None,
+                max_new_tokens: int | Sequence[int]) -> tuple[list[int], list[int]]:
+    """The seed and the token budget of every prompt of a batch (checked)."""
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of prompts; use generate() for a single prompt")
+    if not prompts:
+        raise ValueError("no prompts given")
+    seeds = [seed] * len(prompts) if seeds is None else [int(s) for s in seeds]
+    budgets = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) \
+        else list(max_new_tokens)
+    if len(seeds) != len(prompts) or len(budgets) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts need as many seeds and budgets, got "
+                         f"{len(seeds)} and {len(budgets)}")
+    return seeds, budgets
 
 
 def _without_eos(model: CausalLM) -> CausalLM:

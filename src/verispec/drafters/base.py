@@ -59,6 +59,9 @@ class DraftRow(Protocol):
 class Drafter(ABC):
     """Proposes draft blocks for the rows assigned to it."""
 
+    #: Seconds spent reading requests' contexts (a model drafter's prefills) so far.
+    reading_time_s: float = 0.0
+
     @property
     def forward_calls(self) -> int:
         """Draft-model forward passes so far (0 for model-free drafters)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -68,7 +69,9 @@ class ModelDrafter(Drafter):
         """Read the contexts (all but the last token) of waiting requests that now draft."""
         if not rows:
             return
+        start = time.perf_counter()
         self.model.add_rows([r.context[:-1] for r in rows])
+        self.reading_time_s += time.perf_counter() - start
         for r in rows:
             self._waiting.discard(r.id)
             self._ids.append(r.id)

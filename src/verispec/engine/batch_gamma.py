@@ -23,18 +23,29 @@ The choice depends only on the past (the rows' observed acceptances and the cost
 start-up), never on the current draft, so every lossless method stays lossless. A batch of
 one row, or one whose ``auto`` rows have no measured batch grid (or different ones), is
 given the per-request choice of :meth:`AutoGamma.choose`, exactly as before.
+
+**The engine's own time.** Outside the model passes an iteration also gathers p and q,
+verifies, samples and feeds the drafters, and that work grows with the rows and the drafted
+positions (every position handles a vocabulary-wide distribution). The start-up grid times
+passes only, so each engine learns the rest from its own batched iterations
+(:class:`IterationOverhead`) and the rate above divides by passes plus that overhead. The
+overhead is estimated from earlier iterations only, so the choice still depends only on the
+past.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["RowDemand", "batch_choice", "choose_gammas"]
+__all__ = ["IterationOverhead", "RowDemand", "batch_choice", "choose_gammas"]
 
 
 @dataclass(frozen=True)
@@ -62,19 +73,80 @@ class RowDemand:
         return min(max(g, self.floor), self.cap)
 
 
-def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int) -> float:
+#: Forgetting factor of :class:`IterationOverhead` per recorded iteration: the estimate
+#: follows a change of load within a few hundred iterations.
+OVERHEAD_DECAY = 0.99
+#: Ridge weight pulling every overhead coefficient toward 0 (an unexplored draft length is
+#: assumed free, so the policy tries it and learns its cost).
+OVERHEAD_RIDGE = 0.1
+
+
+class IterationOverhead:
+    """Seconds an iteration of R cache rows with longest draft g costs beyond the passes the
+    grid predicts, learned from the engine's own batched iterations:
+
+        overhead(R, g) ≈ c₀ + c₁·R + c₂·R·g
+
+    fitted by least squares with exponential forgetting (:data:`OVERHEAD_DECAY` per
+    iteration) and a ridge toward 0 (:data:`OVERHEAD_RIDGE`). It absorbs both the engine's
+    work outside the passes and any drift of the passes from their start-up timing. Batches
+    of one row are not recorded (their γ is each request's own choice)."""
+
+    FEATURES = 3
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.gram = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE  # [3, 3]
+        self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
+        self.coef = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]: c₀, c₁, c₂
+        self.iterations = 0
+
+    @staticmethod
+    def _features(rows: int, g: int) -> torch.Tensor:
+        return torch.tensor([1.0, rows, rows * g], dtype=torch.float64)  # [3]
+
+    def predict(self, rows: int, g: int) -> float:
+        """Seconds beyond the passes (never negative)."""
+        return max(float(self.coef @ self._features(rows, g)), 0.0)
+
+    def observe(self, rows: int, g: int, seconds: float) -> None:
+        """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` more
+        than the grid's passes."""
+        f = self._features(rows, g)
+        ridge = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE
+        self.gram = (self.gram - ridge) * OVERHEAD_DECAY + torch.outer(f, f) + ridge
+        self.moment = self.moment * OVERHEAD_DECAY + f * seconds
+        self.coef = torch.linalg.solve(self.gram, self.moment)
+        self.iterations += 1
+
+    def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
+        """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
+        acceptance): recorded against the grid of its ``auto`` rows, if they share one."""
+        costs = _shared_costs([r.request.gamma for r in rows]) if len(rows) > 1 else None
+        if costs is None:
+            return
+        cache_rows = sum(r.num_drafts if g > 0 else 1 for r, g in zip(rows, gammas, strict=True))
+        g = max(gammas, default=0)
+        self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g))
+
+
+def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
+               overhead: IterationOverhead | None = None) -> float:
     """Expected tokens per second of the batch when its longest draft is g."""
     gammas = [d.gamma(g) for d in demands]
     rows = sum(d.forks if gamma > 0 else 1 for d, gamma in zip(demands, gammas, strict=True))
     tokens = sum(expected_tokens(d.alpha, gamma) for d, gamma in zip(demands, gammas, strict=True))
-    return tokens / costs.iteration(rows, max(gammas, default=0))
+    g = max(gammas, default=0)
+    extra = 0.0 if overhead is None else overhead.predict(rows, g)
+    return tokens / (costs.iteration(rows, g) + extra)
 
 
-def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts) -> list[int]:
+def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts,
+                 overhead: IterationOverhead | None = None) -> list[int]:
     """Every row's γ: the longest draft g in [0, max cap] of highest :func:`batch_rate`
     (ties: the shorter), each row at :meth:`RowDemand.gamma` of it."""
     top = max((d.cap for d in demands), default=0)
-    rates = [batch_rate(demands, costs, g) for g in range(top + 1)]
+    rates = [batch_rate(demands, costs, g, overhead) for g in range(top + 1)]
     best = max(range(top + 1), key=lambda g: (rates[g], -g))
     return [d.gamma(best) for d in demands]
 
@@ -87,9 +159,11 @@ def _shared_costs(policies: Sequence[GammaPolicy]) -> BatchCosts | None:
     return next(iter(grids.values()))
 
 
-def choose_gammas(rows: Sequence[Row], caps: Sequence[int]) -> list[int]:
+def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
+                  overhead: IterationOverhead | None = None) -> list[int]:
     """γ for every active row of an iteration; ``caps[b]`` is the longest draft row b has
-    room for. One row, or no shared batch grid: each policy's own :meth:`choose`."""
+    room for; ``overhead``: the engine's learned time beyond the passes (None: none).
+    One row, or no shared batch grid: each policy's own :meth:`choose`."""
     policies: list[GammaPolicy] = [r.request.gamma for r in rows]  # type: ignore[misc]
     costs = _shared_costs(policies) if len(rows) > 1 else None
     if costs is None:
@@ -104,4 +178,4 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int]) -> list[int]:
         else:
             demands.append(RowDemand(PRIOR_ALPHA, 0, max(min(policy.choose(), cap), 0), forks,
                                      fixed=True))
-    return batch_choice(demands, costs)
+    return batch_choice(demands, costs, overhead)

@@ -29,7 +29,7 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Draft
-from verispec.engine.batch_gamma import choose_gammas
+from verispec.engine.batch_gamma import IterationOverhead, choose_gammas
 from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
 from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
 from verispec.engine.stats import Stats
@@ -57,10 +57,14 @@ class PhaseClock:
 
 
 class Engine:
-    """Decodes the requests submitted to it, ``batch_size`` rows at a time."""
+    """Decodes the requests submitted to it, ``batch_size`` rows at a time. ``overhead``
+    learns the engine's own time per batched iteration for the batch γ policy (default: a
+    fresh :class:`~verispec.engine.batch_gamma.IterationOverhead` on the wall clock)."""
 
-    def __init__(self, target: CausalLM, *, batch_size: int = 1, profile: bool = False) -> None:
+    def __init__(self, target: CausalLM, *, batch_size: int = 1, profile: bool = False,
+                 overhead: IterationOverhead | None = None) -> None:
         self.target = target
+        self.overhead = IterationOverhead() if overhead is None else overhead
         self.batch_size = check_positive("batch_size", batch_size)
         self.clock = PhaseClock(target.device, profile)
         self.waiting: deque[Row] = deque()
@@ -109,7 +113,8 @@ class Engine:
         self._admit()
         rows = self.active
         if rows:
-            gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows])
+            start, reading = self.overhead.clock(), _reading_time(rows)
+            gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows], self.overhead)
             t0 = self.clock()
             drafts = self._draft(rows, gammas)  # 1. draft
             t1 = self.clock()
@@ -118,6 +123,9 @@ class Engine:
             results = self._verify(rows, drafts, scored)  # 3. verify, per method
             t3 = self.clock()
             self._accept(rows, drafts, scored, results)  # 4. accept, roll back, feed back
+            # the draft's first reading of a context is a one-time cost, not the iteration's
+            self.overhead.record(rows, gammas, self.overhead.clock() - start
+                                 - (_reading_time(rows) - reading))
             self.passes += 1
             self._time(rows, {"draft": t1 - t0, "target": t2 - t1, "verify": t3 - t2})
         return finished + self._retire()
@@ -271,6 +279,12 @@ def _groups(rows: Sequence[Row], key: Callable[[Row], K]) -> dict[K, list[int]]:
     for i, r in enumerate(rows):
         out.setdefault(key(r), []).append(i)
     return out
+
+
+def _reading_time(rows: Sequence[Row]) -> float:
+    """Seconds the rows' drafters have spent reading contexts so far."""
+    drafters = {id(r.request.drafter): r.request.drafter for r in rows}
+    return sum(d.reading_time_s for d in drafters.values() if d is not None)
 
 
 def _row_result(result: VerifyResult, j: int) -> VerifyResult:

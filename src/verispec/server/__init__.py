@@ -4,7 +4,9 @@ One scheduler thread owns the :class:`~verispec.engine.loop.Engine`; a FastAPI a
 by uvicorn) speaks OpenAI's completions and chat completions API, streamed or not, and
 hands requests to it. Continuous batching: a request takes a free row at the next engine
 iteration and leaves at EOS, its budget, a stop string or when its client goes away; with
-a seed its text does not depend on the rest of the batch.
+a seed and a fixed γ its text does not depend on the rest of the batch (with γ ``auto`` its
+law is still exact, but at T > 0 the batch and the engine's timing choose its γ, and so which
+random draws it uses).
 
 Needs the ``serve`` extra (``pip install 'verispec[serve]'``). The names below are
 imported on first use, so ``verispec.server.cli`` (the argument parser) loads without it.

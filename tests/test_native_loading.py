@@ -1,0 +1,336 @@
+"""Loading the native runtime: precisions chosen and refused, model directories, quantized
+caches of drafts and targets, pass-cost records and the embedded real pair.
+
+Fast tests use the tiny random Qwen2 modules of ``conftest.make_tiny_model`` (no downloads);
+``integration`` tests use the embedded real pair and skip when it is not in the cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import TinyTokenizer, wrap_tiny
+from native_support import (  # noqa: F401 (fixtures)
+    REAL_DRAFT,
+    REAL_TARGET,
+    close,
+    module,
+    module_cache,
+    native,
+    needs_int8,
+    own_cache,
+    seq,
+)
+
+from verispec.models.loading import PRECISIONS, load_model, resolve_precision
+from verispec.models.native import (
+    NativeCausalLM,
+    cache_file,
+    from_hf_module,
+    kernels,
+    load_native,
+)
+from verispec.models.native.linear import Int4Linear, int4_available, int8_available
+from verispec.models.timing import pass_costs
+
+# -- loading and precisions ---------------------------------------------------------------------
+
+
+def test_bad_precisions_are_refused(module: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="precision must be one of"):
+        load_model(str(tmp_path), precision="float16")
+    with pytest.raises(ValueError, match="float64"):
+        load_model("toy:random:5:1", precision="int8")
+    with pytest.raises(ValueError, match="float64"):
+        load_model("toy:random:5:1", precision="bfloat16")
+    assert load_model("toy:random:5:1", precision="auto").precision == "float64"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        from_hf_module(module, None, "x", "fp8")
+    with pytest.raises(ValueError, match="CPU"):
+        from_hf_module(module, None, "x", "int8", device="meta")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("int2", torch.device("cpu"))
+    assert PRECISIONS == ("auto", "float32", "bfloat16", "int8", "int4")
+
+
+@needs_int8
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
+def test_int4_draft_runs_wide_passes_on_its_int8_form(module: Any) -> None:
+    """An int4 draft reads prompts and passes over ≥ PREFILL_ROWS token rows with its int8
+    form (same cache), and narrower passes with its int4 layers."""
+    from verispec.models.native.lm import PREFILL_ROWS
+
+    draft = native(module, "int4")
+    assert draft.prefill_net is not None
+    int8_only = NativeCausalLM(draft.prefill_net, TinyTokenizer(), "int8 form",
+                               precision="int8")
+    prefix = seq(11, 70)
+    for m in (draft, int8_only):
+        m.add_rows([prefix])
+    wide, narrow = seq(PREFILL_ROWS, 71), seq(PREFILL_ROWS - 1, 72)
+    assert torch.equal(draft.extend([wide]), int8_only.extend([wide]))
+    for m in (draft, int8_only):
+        m.rollback([len(prefix)])
+    assert not torch.equal(draft.extend([narrow]), int8_only.extend([narrow]))
+
+
+def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="draft-only"):
+        resolve_precision("int4", cpu)
+    with pytest.raises(ValueError, match="role must be one of"):
+        resolve_precision("float32", cpu, "verifier")
+    module.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="draft-only"):
+        load_model(str(tmp_path), precision="int4")
+    if int4_available() and platform.machine().lower() in ("x86_64", "amd64"):
+        draft = load_model(str(tmp_path), precision="int4", role="draft")
+        assert isinstance(draft, NativeCausalLM) and draft.precision == "int4"
+
+
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
+def test_int4_linear_is_its_dequantized_matrix() -> None:
+    torch.manual_seed(0)
+    w, x = torch.randn(96, 128), torch.randn(5, 128)  # [N, K], [M, K]
+    lin = Int4Linear.quantize(w)
+    # dequantize the stored codes: Ŵ = (code − 8) · s + z per group of 64 input channels
+    lo = w.view(96, 2, 64).amin(-1)  # [N, G]
+    scale = ((w.view(96, 2, 64).amax(-1) - lo) / 15).clamp_min(1e-8)
+    codes = torch.round((w.view(96, 2, 64) - lo[..., None]) / scale[..., None]).clamp(0, 15)
+    s, z = lin.scales[..., 0].T.float(), lin.scales[..., 1].T.float()  # [N, G] as stored
+    deq = ((codes - 8) * s[..., None] + z[..., None]).view(96, 128)
+    ref = x.bfloat16().float() @ deq.T  # [M, N]
+    out = lin(x)
+    assert out.shape == (5, 96) and out.dtype == torch.float32
+    assert (out - ref).abs().max() <= 1e-2 * ref.abs().max()  # bfloat16 output rounding
+    assert (deq - w).abs().max() <= 0.5 * scale.max() + 0.05  # within half a step (+ bf16)
+
+
+def test_resolve_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verispec.models import loading
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("float32", cpu)[0] == "float32"
+    monkeypatch.setattr(loading.platform, "machine", lambda: "x86_64")
+    vnni, avx2 = kernels.Int8Kernel("onednn", 8), kernels.Int8Kernel("fbgemm", 7)
+    monkeypatch.setattr(kernels, "choose", lambda: (vnni, "onednn/8; proven"))
+    assert resolve_precision("auto", cpu)[0] == "int8"
+    assert resolve_precision("auto", cpu, "draft")[0] == ("int4" if int4_available()
+                                                          else "int8")
+    monkeypatch.setattr(kernels, "choose", lambda: (avx2, "fbgemm/7; proven"))
+    name, why = resolve_precision("auto", cpu)
+    assert name == "int8" and "fbgemm/7" in why
+    assert resolve_precision("auto", cpu, "draft")[0] == "int8"  # int4 is slower on AVX2
+    monkeypatch.setattr(kernels, "choose", lambda: (None, "no exact kernel here"))
+    monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert resolve_precision("auto", cpu)[0] == "bfloat16"
+    assert resolve_precision("auto", cpu, "draft")[0] == "bfloat16"  # int4 comes with int8
+    with pytest.raises(ValueError, match="no exact kernel here"):
+        resolve_precision("int8", cpu)
+    monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx2"}))
+    name, why = resolve_precision("auto", cpu)
+    assert name == "float32" and "auto" in why
+    with pytest.raises(ValueError, match="x86 CPUs only"):
+        resolve_precision("int8", torch.device("meta"))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the int8 table is for x86-64")
+def test_auto_is_int8_on_every_x86_cpu_with_avx2() -> None:
+    """On this CPU, whichever family it is: int8 for both models where AVX2 is present, int4
+    for the draft only where the chosen kernel takes 8-bit codes."""
+    from verispec.telemetry.machine import cpu_info
+
+    cpu = torch.device("cpu")
+    if "avx2" not in cpu_info().flags:
+        pytest.skip("no AVX2")
+    kernel, _ = kernels.choose()
+    assert kernel is not None and resolve_precision("auto", cpu)[0] == "int8"
+    draft = resolve_precision("auto", cpu, "draft")[0]
+    assert draft == ("int4" if kernel.bits == 8 and int4_available() else "int8")
+
+
+def test_load_model_runs_qwen2_dirs_natively(module: Any, tmp_path: Path) -> None:
+    module.save_pretrained(tmp_path)
+    m = load_model_dir(tmp_path, "float32")
+    assert isinstance(m, NativeCausalLM) and m.precision == "float32"
+    ref = wrap_tiny(module)
+    prefix = seq(7, 95)
+    m.add_rows([prefix])
+    ref.add_rows([prefix])
+    close(m.extend([seq(2, 96)]), ref.extend([seq(2, 96)]))
+
+
+@needs_int8
+def test_int8_refused_for_other_architectures(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2,
+                               n_positions=64)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="Qwen2/Llama"):
+        load_model(str(tmp_path), precision="int8", device=torch.device("cpu"))
+
+
+def load_model_dir(path: Path, precision: str, role: str = "target") -> Any:
+    """``load_model`` on a directory without a tokenizer (the tiny model has none)."""
+    import verispec.models.native as native_pkg
+
+    real = native_pkg.load_native
+
+    def with_tokenizer(*args: Any, **kw: Any) -> NativeCausalLM:
+        kw.setdefault("tokenizer", TinyTokenizer())
+        return real(*args, **kw)
+
+    native_pkg.load_native = with_tokenizer
+    try:
+        return load_model(str(path), precision=precision, device=torch.device("cpu"),
+                          role=role)
+    finally:
+        native_pkg.load_native = real
+
+
+def test_bfloat16_runs(module: Any) -> None:
+    m = native(module, "bfloat16")
+    m.add_rows([seq(5, 97)])
+    out = m.extend([seq(3, 98)])
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    f = native(module)
+    f.add_rows([seq(5, 97)])
+    pf, pb = f.extend([seq(3, 98)]).softmax(-1), out.float().softmax(-1)
+    assert float((pf - pb).abs().sum(-1).max()) < 0.2
+
+
+def test_pass_costs(module: Any) -> None:
+    m = native(module)
+    costs = pass_costs(m, context=12, ks=(1, 3), reps=2)
+    assert set(costs) == {1, 3} and all(c > 0 for c in costs.values())
+    assert m.lengths == []  # measured on a spawned twin
+
+
+# -- the real pair ------------------------------------------------------------------------------
+
+real = pytest.mark.skipif(not (REAL_TARGET / "config.json").exists(),
+                          reason="the embedded model pair is not in the cache")
+
+
+@pytest.mark.integration
+@real
+def test_real_draft_float32_greedy_equals_transformers() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(REAL_DRAFT, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(REAL_DRAFT)
+    prompt = tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48,
+                          do_sample=False)[0, len(prompt):].tolist()
+    nat = from_hf_module(hf, tok, "draft", "float32")
+    del hf
+    nat.add_rows([prompt[:-1]])
+    out, last = [], prompt[-1]
+    for _ in range(len(ref)):
+        last = int(nat.extend([[last]])[0, -1].argmax())
+        out.append(last)
+    assert out == ref
+
+
+@pytest.mark.integration
+@real
+@needs_int8
+@pytest.mark.parametrize("path", [REAL_DRAFT, REAL_TARGET], ids=["draft", "target"])
+def test_real_int8_batch_equals_single(path: Path) -> None:
+    """A verification pass (and a ragged batch) gives every position exactly the
+    distribution it gets when its tokens are scored one at a time."""
+    m = load_native(path, "int8")
+    text = m.tokenizer.encode("import numpy as np\n\ndef softmax(x):\n    return")
+    m.add_rows([text, text[:5]])
+    block = m.tokenizer.encode(" np.exp(x) / np.exp(x).sum()")
+    both = m.extend([block, block[:3]])
+    m.rollback([len(text), 5])
+    singles = torch.cat([m.extend([[t], []])[:1] for t in block], dim=1)
+    assert torch.equal(both[0], singles[0])
+
+
+@needs_int8
+def test_int8_transformers_module_matches_the_native_int8_model(module: Any) -> None:
+    """The transformers peers run the same int8 model: same codes, scales and rotations."""
+    from verispec.models.native.hf_int8 import Int8Module, int8_transformers
+
+    nat = native(module, "int8")
+    hf = int8_transformers(copy.deepcopy(module))
+    assert isinstance(hf.model.layers[0].self_attn.k_proj, Int8Module)
+    ids = seq(12, 50)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]  # [12, V]
+    nat.add_rows([[]])
+    close(nat.extend([ids]), ref[None], rel=1e-4)
+
+
+@needs_int8
+def test_pearl_workers_reload_int8_models_from_their_directory(module: Any,
+                                                                tmp_path: Path) -> None:
+    """int8 weights are opaque oneDNN tensors that do not pickle: a PEARL worker gets the
+    directory and precision and reloads the model (from the int8 disk cache)."""
+    import pickle
+
+    from verispec.methods.pearl.workers import NativePayload, materialise, portable
+
+    module.save_pretrained(tmp_path)
+    for role in ("target", "draft"):  # a draft is reloaded as it was built (no rotations)
+        m = load_model_dir(tmp_path, "int8", role)
+        payload = portable(m)
+        assert isinstance(payload, NativePayload) and payload.precision == "int8"
+        again = materialise(pickle.loads(pickle.dumps(payload)))
+        assert again.online_rotations == (role == "target")
+        prefix = seq(6, 97)
+        for model in (m, again):
+            model.add_rows([prefix])
+        assert torch.equal(m.extend([seq(3, 98)]), again.extend([seq(3, 98)]))
+
+
+@needs_int8
+def test_drafts_are_quantized_without_run_time_rotations(module: Any, tmp_path: Path) -> None:
+    """A target rotates the inputs of o_proj and down_proj at run time; a draft does not
+    (its q only has to be what it samples from) and is cached in a file of its own; both
+    stay exact per row (k tokens in one pass equal one at a time)."""
+    module.save_pretrained(tmp_path)
+    target = load_model_dir(tmp_path, "int8", "target")
+    draft = load_model_dir(tmp_path, "int8", "draft")
+    rotated = [getattr(b, n).rot is not None for b in target.net.blocks for n in ("o", "down")]
+    assert all(rotated)
+    assert all(getattr(b, n).rot is None for b in draft.net.blocks for n in ("o", "down"))
+    kernel = kernels.choose()[0]
+    files = {cache_file(tmp_path, "int8", kernel, online_rotations=r) for r in (True, False)}
+    assert len(files) == 2 and all(f.exists() for f in files)
+    prefix, more = seq(7, 99), seq(4, 100)
+    for m in (target, draft):
+        m.add_rows([prefix])
+        whole = m.extend([more], 4)[0]  # [4, V]
+        m.rollback([len(prefix)])
+        ones = torch.cat([m.extend([[t]])[0] for t in more])  # [4, V]
+        assert torch.equal(whole, ones)
+
+
+def test_recorded_pass_costs_are_keyed_by_the_models_variant(module: Any) -> None:
+    """Two models of one name and precision that run different quantized forms or score
+    different vocabularies get different pass-cost records; the same form, the same one."""
+    from verispec.engine.costs import cost_key
+
+    def key(target: NativeCausalLM, draft: NativeCausalLM) -> str:
+        return cost_key(target, draft, context=8, shapes=[(1, 1), (1, 2)])
+
+    full = from_hf_module(module, name="m")
+    again = from_hf_module(module, name="m")
+    subset = from_hf_module(module, name="m", vocabulary=40)
+    assert key(full, full) == key(again, again)
+    assert key(full, full) != key(full, subset)
+    if int8_available():
+        rotated = from_hf_module(module, name="m", precision="int8")
+        plain = from_hf_module(module, name="m", precision="int8", online_rotations=False)
+        assert rotated.variant != plain.variant
+        assert key(full, rotated) != key(full, plain)
