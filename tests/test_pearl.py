@@ -363,12 +363,15 @@ def test_a_killed_worker_is_reported_and_the_other_one_stopped() -> None:
 
 
 SCRIPT = """
-import json, sys, torch
+import json, signal, sys, torch
 from pearl_doubles import DelayedLM
 from verispec.methods.pearl.coordinator import PearlEngine
 from verispec.models.toy import RandomContextLM
 from verispec.sampling import Sampling
 if __name__ == "__main__":
+    # a terminal's Ctrl-C: KeyboardInterrupt, even where the test runner's process ignores
+    # SIGINT (an ignored signal is inherited by the processes it starts)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target = DelayedLM(RandomContextLM(5, 1), 0.02, started=sys.argv[1])
     draft = DelayedLM(RandomContextLM(5, 2), 0.01)
     with PearlEngine(target, draft) as engine:
