@@ -96,7 +96,7 @@ class IterationOverhead:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
-        self.gram = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE  # [3, 3]
+        self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [3, 3]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
         self.coef = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]: c₀, c₁, c₂
         self.iterations = 0
@@ -113,10 +113,10 @@ class IterationOverhead:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` more
         than the grid's passes."""
         f = self._features(rows, g)
-        ridge = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE
-        self.gram = (self.gram - ridge) * OVERHEAD_DECAY + torch.outer(f, f) + ridge
+        self.gram = self.gram * OVERHEAD_DECAY + torch.outer(f, f)
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
-        self.coef = torch.linalg.solve(self.gram, self.moment)
+        ridge = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE
+        self.coef = torch.linalg.solve(self.gram + ridge, self.moment)
         self.iterations += 1
 
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
@@ -125,16 +125,21 @@ class IterationOverhead:
         costs = _shared_costs([r.request.gamma for r in rows]) if len(rows) > 1 else None
         if costs is None:
             return
-        cache_rows = sum(r.num_drafts if g > 0 else 1 for r, g in zip(rows, gammas, strict=True))
+        cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
         g = max(gammas, default=0)
         self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g))
+
+
+def _cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:
+    """Cache rows an iteration's target pass covers: M for a row drafting M blocks, else 1."""
+    return sum(m if gamma > 0 else 1 for m, gamma in zip(forks, gammas, strict=True))
 
 
 def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
                overhead: IterationOverhead | None = None) -> float:
     """Expected tokens per second of the batch when its longest draft is g."""
     gammas = [d.gamma(g) for d in demands]
-    rows = sum(d.forks if gamma > 0 else 1 for d, gamma in zip(demands, gammas, strict=True))
+    rows = _cache_rows([d.forks for d in demands], gammas)
     tokens = sum(expected_tokens(d.alpha, gamma) for d, gamma in zip(demands, gammas, strict=True))
     g = max(gammas, default=0)
     extra = 0.0 if overhead is None else overhead.predict(rows, g)
