@@ -1,6 +1,6 @@
 """Exact total-variation distance between the int8 target's first-token law and llama.cpp's
 Q4_K_M target's, at the prompts of a law test: the size of the difference the two-sample
-law test (``python -m verispec.bench.lawtest``) would have to see to flag ``llamacpp-ar``.
+law test (``python -m verispec.bench.lawtest``) has to see to flag ``llamacpp-ar``.
 
     python benchmarks/peer_first_token_tv.py LAWTEST_DIR/lawtest.json   # needs the peers extra
 """
@@ -10,25 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
 
-from verispec.bench.lawsource import _next_law
-from verispec.bench.llamacpp.library import _llama_cpp, load_gguf
+from verispec.bench.lawsource import next_token_law
+from verispec.bench.llamacpp.library import next_token_law as peer_next_token_law
 from verispec.models.fetch import model_path
 from verispec.models.loading import load_model
-from verispec.sampling import Sampling
-
-
-def peer_law(gguf: str, ids: list[int], temperature: float) -> torch.Tensor:
-    """llama.cpp's law of the next token after ``ids`` at ``temperature``: [V] float64."""
-    llama_cpp = _llama_cpp()
-    llm = load_gguf(gguf, n_ctx=len(ids) + 8)
-    llm.reset()
-    llm.eval(ids)
-    vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model)))
-    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
-    return (torch.from_numpy(logits.astype(np.float64)) / temperature).softmax(-1)
 
 
 def tv(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -41,7 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("lawtest", help="lawtest.json of a law test run (its prompts and models)")
     args = ap.parse_args()
-    record = json.load(open(args.lawtest, encoding="utf-8"))
+    with open(args.lawtest, encoding="utf-8") as f:
+        record = json.load(f)
     config = record["config"]
     temperature = float(config["temperature"])
     target = load_model(config["target"], precision=config.get("precision", "auto"))
@@ -50,8 +38,8 @@ def main() -> None:
     print("|---|---|")
     values = []
     for prompt in record["prompts"]:
-        _, law = _next_law(target, prompt["ids"], Sampling(temperature=temperature))
-        values.append(tv(law, peer_law(gguf, prompt["ids"], temperature)))
+        values.append(tv(next_token_law(target, prompt["ids"], temperature),
+                         peer_next_token_law(gguf, prompt["ids"], temperature)))
         print(f"| {prompt['id']} | {values[-1]:.4f} |")
     print(f"| mean | {sum(values) / len(values):.4f} |")
 

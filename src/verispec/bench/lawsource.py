@@ -7,7 +7,7 @@ k tokens of many independent generations (one seed each) at one prompt.
   product method: it is only built here), through the same engine;
 * the llama.cpp peers: ``llamacpp-ar`` (the target's GGUF, llama.cpp's own sampler chain),
   either one :func:`~verispec.bench.llamacpp.run_llamacpp` call per sample (``each``) or
-  with the prompt evaluated once and every sample restarting from its cache (``shared``),
+  with the prompt evaluated once and every distinct context after it once (``shared``),
   and ``llamacpp-spec`` (always one ``run_llamacpp`` call, a subprocess, per sample).
 
 Also the exact first-token laws p and q at a prompt and the choice of informative prompts
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import ExitStack
 
 import torch
 from torch import Tensor
@@ -42,18 +43,23 @@ __all__ = [
     "first_token_laws",
     "llamacpp_samples",
     "method_samples",
+    "next_token_law",
 ]
 
 Seq = tuple[int, ...]
-CHUNK_ROWS = 128  # generations decoded together (one prefill of the prompt per chunk)
+CHUNK_ROWS = 512  # generations decoded together (one pass per distinct context per chunk)
 Progress = Callable[[str], None]
 
 
 class SharedPrefixLM(CausalLM):
-    """A model whose rows added together with the same prefix share one prefill: the prefix
-    is read once and its row copied (``select_rows``). Everything else is the wrapped
-    model's, so outputs are those of the wrapped model (up to the float rounding of a batch
-    of one prefill instead of several)."""
+    """A model whose rows with equal contexts share one row of the wrapped model: a prompt
+    added N times is read once, and the tokens that several rows add to one shared context
+    are scored once. A shared row is copied (``select_rows``) only when the rows sharing it
+    part (other tokens, another rollback). Each row's logits are those the wrapped model
+    gives its context: bit for bit on a batch-invariant model (the native int8 path: rows
+    independent, k tokens in one pass equal to one at a time), elsewhere up to the float
+    rounding of another batch. So N samples of a few tokens cost about one pass per distinct
+    context, not N."""
 
     def __init__(self, inner: CausalLM) -> None:
         super().__init__()
@@ -61,29 +67,51 @@ class SharedPrefixLM(CausalLM):
         self.vocab_size, self.eos_token_ids = inner.vocab_size, inner.eos_token_ids
         self.max_length, self.device, self.name = inner.max_length, inner.device, inner.name
         self.tokenizer, self.precision = inner.tokenizer, inner.precision
+        self._of: list[int] = []  # [R] the wrapped model's row holding each row's context
 
     @property
     def lengths(self) -> list[int]:
-        return self.inner.lengths
+        inner = self.inner.lengths
+        return [inner[i] for i in self._of]
 
     def reset(self) -> None:
         self.inner.reset()
+        self._of = []
 
     def _add_rows(self, prefixes: list[list[int]]) -> None:
         distinct = list(dict.fromkeys(tuple(p) for p in prefixes))
         before = self.inner.rows
         self.inner.add_rows([list(p) for p in distinct])
         where = {p: before + i for i, p in enumerate(distinct)}
-        self.inner.select_rows(list(range(before)) + [where[tuple(p)] for p in prefixes])
+        self._of += [where[tuple(p)] for p in prefixes]
+
+    def _part(self, keys: Sequence[Hashable]) -> int:
+        """One wrapped row per distinct (row, key) of the rows: a shared row is copied for
+        each further key, rows no one uses are dropped. Returns the number of wrapped rows."""
+        groups: dict[tuple[int, Hashable], int] = {}
+        for r, key in zip(self._of, keys, strict=True):
+            groups.setdefault((r, key), len(groups))
+        self._of = [groups[(r, key)] for r, key in zip(self._of, keys, strict=True)]
+        self.inner.select_rows([r for r, _ in groups])
+        return len(groups)
 
     def _extend(self, tokens: list[list[int]], num_logits: int) -> Tensor:
-        return self.inner.extend(tokens, num_logits, check=False)  # [R, n, V], checked here
+        per_row: list[list[int]] = [[] for _ in range(self._part([tuple(t) for t in tokens]))]
+        for r, t in zip(self._of, tokens, strict=True):
+            per_row[r] = t
+        logits = self.inner.extend(per_row, num_logits, check=False)  # [G, n, V], checked here
+        if self._of == list(range(len(per_row))):
+            return logits
+        return logits.index_select(0, torch.tensor(self._of, device=logits.device))  # [R, n, V]
 
     def _rollback(self, lengths: list[int]) -> None:
-        self.inner.rollback(lengths)
+        per_row = [0] * self._part(lengths)
+        for r, n in zip(self._of, lengths, strict=True):
+            per_row[r] = n
+        self.inner.rollback(per_row)
 
     def _select_rows(self, indices: list[int]) -> None:
-        self.inner.select_rows(indices)
+        self._of = [self._of[i] for i in indices]
 
     def spawn(self) -> SharedPrefixLM:
         return SharedPrefixLM(self.inner.spawn())
@@ -191,8 +219,14 @@ def llamacpp_samples(name: str, prompt: Sequence[int], seeds: Sequence[int], *, 
 def _llamacpp_ar_shared(prompt: Sequence[int], seeds: Sequence[int], *, tokens: int,
                         temperature: float, gguf: str | os.PathLike[str], eos: Sequence[int],
                         threads: int | None) -> list[Seq]:
-    """``llamacpp-ar``'s sampler chain and model, the prompt but its last token evaluated
-    once: each sample rolls the cache back to it and evaluates the last token again."""
+    """``llamacpp-ar``'s sampler chain and model, every distinct context evaluated once.
+
+    Each seed keeps its own chain for the whole run, and the samples grow token by token
+    together: the samples whose tokens so far are equal share one evaluation of that
+    context, and each draws its next token from those logits with its own chain. Contexts
+    are visited in sorted order and evaluated one token at a time from the longest prefix
+    already in the cache, so every logit is computed exactly as in a generation of its own.
+    """
     from verispec.bench.llamacpp.library import _llama_cpp, _sampler, load_gguf
 
     llama_cpp = _llama_cpp()
@@ -201,27 +235,42 @@ def _llamacpp_ar_shared(prompt: Sequence[int], seeds: Sequence[int], *, tokens: 
     llm.reset()
     if len(ids) > 1:
         llm.eval(ids[:-1])
+    base = len(ids) - 1  # cache positions holding the prompt but its last token
     stop = {int(t) for t in eos}
-    out: list[Seq] = []
-    for seed in seeds:
-        new: list[int] = []
-        with _sampler(llama_cpp, temperature, seed) as chain:
-            llm.n_tokens = len(ids) - 1  # the next eval drops the cache past the prefix
-            llm.eval([ids[-1]])
-            while True:
-                token = int(llama_cpp.llama_sampler_sample(chain, llm.ctx, -1))
-                new.append(token)
-                if token in stop or len(new) >= tokens:
-                    break
-                llm.eval([token])
-        out.append(tuple(new))
-    return out
+    out: list[list[int]] = [[] for _ in seeds]
+    with ExitStack() as stack:
+        chains = [stack.enter_context(_sampler(llama_cpp, temperature, s)) for s in seeds]
+        cached: list[int] = []  # tokens in the cache after the prompt but its last token
+        live = list(range(len(seeds)))
+        while live:
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i in live:
+                groups.setdefault((ids[-1], *out[i]), []).append(i)
+            for context in sorted(groups):
+                keep = 0
+                while keep < min(len(cached), len(context)) and cached[keep] == context[keep]:
+                    keep += 1
+                if keep == len(context):
+                    keep -= 1  # the logits of the context's last token are needed again
+                llm.n_tokens = base + keep  # the next eval drops the cache past it
+                for t in context[keep:]:
+                    llm.eval([t])
+                cached = list(context)
+                for i in groups[context]:
+                    out[i].append(int(llama_cpp.llama_sampler_sample(chains[i], llm.ctx, -1)))
+            live = [i for i in live if out[i][-1] not in stop and len(out[i]) < tokens]
+    return [tuple(o) for o in out]
 
 
 def _next_law(model: CausalLM, ids: Sequence[int], sampling: Sampling) -> tuple[CausalLM, Tensor]:
     m = model.spawn()
     m.add_rows([list(ids[:-1])])
     return m, sampling.probs(m.extend([int(ids[-1])])[0, 0].double())  # [V]
+
+
+def next_token_law(model: CausalLM, ids: Sequence[int], temperature: float) -> Tensor:
+    """The tempered law of the token after ``ids`` under ``model``: [V] float64."""
+    return _next_law(model, ids, Sampling(temperature=temperature))[1]
 
 
 def first_token_laws(pair: Pair, prompt: Sequence[int], temperature: float) -> tuple[Tensor, Tensor]:

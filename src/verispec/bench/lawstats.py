@@ -1,14 +1,21 @@
 """Statistics of the two-sample law test (:mod:`verispec.bench.lawtest`): a homogeneity
 statistic on first-k-token samples, its permutation null and its power.
 
-* **Cells.** At one prompt, the n_a samples of a method and the n_b of the reference are
-  k-token sequences. Every distinct sequence whose expected count on the smaller side,
-  c · min(n_a, n_b) / (n_a + n_b) for a pooled count c, is at least ``MIN_EXPECTED`` is a
-  cell; the rarer sequences are pooled into one cell (merged into the smallest kept cell
-  when that pool is itself too small). The cells depend on the pooled sample only, so they
+* **Nodes.** At one prompt, the n_a samples of a method and the n_b of the reference are
+  token sequences of length ≤ k. The pooled sample's prefixes form a tree: the root (the
+  empty prefix) holds every sample, a prefix x₁..x_d holds the samples that begin with it
+  and go on past it. At each node the table is that of the *next* token: a method that
+  draws the first token wrongly shows at the root with the whole sample; one that errs
+  later shows at the nodes below, each with the samples that reached it.
+* **Cells.** At a node, every next token whose expected count on the smaller side,
+  c · min(n_a, n_b) / (n_a + n_b) for its pooled count c, is at least ``MIN_EXPECTED`` is a
+  cell; the rarer tokens are pooled into one cell (merged into the smallest kept cell when
+  that pool is itself too small). Nodes and cells depend on the pooled sample only, so they
   are the same under every relabelling.
-* **Statistic.** Pearson's chi-square of the 2 × m contingency table of each prompt,
-  X² = Σ_cells (a − E_a)² · n² / (c · n_a · n_b), summed over the prompts.
+* **Statistic.** Pearson's chi-square of each node's 2 × m table (side × next token),
+  X² = Σ_cells (a − t·A/N)² · N² / (t · A · (N − A)) for a cell of pooled count t, A of
+  the node's N samples on side a, summed over the nodes and the prompts. (With k = 1 only
+  the root is left: the chi-square of the first tokens.)
 * **Null.** ``permutations`` relabellings drawn from a seeded generator: within each prompt
   the method/reference labels are shuffled (a uniformly random set of n_a of the n samples
   becomes the method's). p = (1 + #{T_perm ≥ T}) / (1 + permutations): under the null (the
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,18 +43,20 @@ __all__ = [
     "PowerCurve",
     "SimLaw",
     "TestResult",
+    "Tree",
     "cells_of",
     "directions",
     "empirical_law",
     "permutation_test",
     "power_threshold",
+    "tree_of",
 ]
 
 ALPHA = 0.01  # a comparison is flagged when its permutation p-value is below this
 MIN_EXPECTED = 5.0  # smallest expected count of a cell on the smaller side
 PERMUTATIONS = 999  # relabellings of the null (p-values in steps of 1/1000)
 POWER_LEVEL = 0.8  # the threshold TV is the one flagged this often
-POWER_REPS = 200  # simulated checks per point of the power curve
+POWER_REPS = 100  # simulated checks per point of the power curve
 BISECTION_STEPS = 7  # t is found to within 2⁻⁷ of its range
 NOVEL = -1  # atom of a simulated law whose every draw is a sequence never seen before
 
@@ -57,11 +66,12 @@ class TestResult:
     """One permutation test over the prompts.
 
     Attributes:
-        statistic: T = Σ_prompts X².
+        statistic: T = Σ_prompts Σ_nodes X².
         pvalue: (1 + #{T_perm ≥ T}) / (1 + permutations).
         flagged: pvalue < alpha.
-        per_prompt: X² of each prompt.
-        cells: the number of cells of each prompt.
+        per_prompt: Σ_nodes X² of each prompt.
+        cells: the number of cells of each prompt (over its nodes).
+        nodes: the number of nodes of each prompt (prefixes with two cells or more).
     """
 
     statistic: float
@@ -69,23 +79,19 @@ class TestResult:
     flagged: bool
     per_prompt: list[float]
     cells: list[int]
+    nodes: list[int] = field(default_factory=list)
 
 
-def cells_of(ids: Sequence[Hashable], n_a: int, min_expected: float = MIN_EXPECTED) -> np.ndarray:
-    """[n] int64 cell of each sample (the first ``n_a`` are the method's), cells numbered
-    0..m−1 in order of first appearance of their sequence; rare sequences pooled."""
-    n = len(ids)
-    n_b = n - n_a
-    if n_a < 1 or n_b < 1:
-        raise ValueError(f"each side needs at least one sample, got {n_a} and {n_b}")
-    share = min(n_a, n_b) / n
+def _pool(ids: Sequence[Hashable], share: float, min_expected: float) -> np.ndarray:
+    """[n] int64 cell of each id at one node, numbered 0..m−1 in order of first appearance
+    (every cell non-empty), rare ids pooled; ``share``: min(n_a, n_b) / n of the prompt."""
     counts = Counter(ids)
     keep: dict[Hashable, int] = {}
     for s in ids:
         if s not in keep and counts[s] * share >= min_expected:
             keep[s] = len(keep)
     rare = len(keep)
-    cells = np.fromiter((keep.get(s, rare) for s in ids), dtype=np.int64, count=n)
+    cells = np.fromiter((keep.get(s, rare) for s in ids), dtype=np.int64, count=len(ids))
     pooled = int((cells == rare).sum())
     if pooled and keep and pooled * share < min_expected:
         kept = np.bincount(cells, minlength=rare + 1)[:rare]
@@ -93,10 +99,55 @@ def cells_of(ids: Sequence[Hashable], n_a: int, min_expected: float = MIN_EXPECT
     return cells
 
 
-def _chi2(counts_a: np.ndarray, totals: np.ndarray, n_a: int, n: int) -> np.ndarray:
-    """Pearson's X² of 2 × m tables: counts_a [..., m] on side a, totals [m] -> [...]."""
-    expected = totals * (n_a / n)  # [m]
-    return ((counts_a - expected) ** 2 / (totals * (n_a * (n - n_a) / n**2))).sum(-1)
+def _share(n_a: int, n: int) -> float:
+    if n_a < 1 or n - n_a < 1:
+        raise ValueError(f"each side needs at least one sample, got {n_a} and {n - n_a}")
+    return min(n_a, n - n_a) / n
+
+
+def cells_of(ids: Sequence[Hashable], n_a: int, min_expected: float = MIN_EXPECTED) -> np.ndarray:
+    """[n] int64 cell of each sample at one node (the first ``n_a`` are the method's)."""
+    return _pool(ids, _share(n_a, len(ids)), min_expected)
+
+
+@dataclass
+class Tree:
+    """One prompt's nodes and cells, built from the pooled sample (so the same under every
+    relabelling), as incidence matrices over the n samples."""
+
+    cells: np.ndarray  # [n, m] float32: 1 where a sample is counted in a cell
+    nodes: np.ndarray  # [n, nodes] float32: 1 where a sample lies in a node
+    node_of_cell: np.ndarray  # [m] int64
+    depth_of_cell: np.ndarray  # [m] int64: length of its node's prefix
+    totals: np.ndarray  # [m] float64: pooled count of each cell
+    sizes: np.ndarray  # [nodes] float64: samples in each node
+
+
+def tree_of(seqs: Sequence[Sequence[Hashable]], n_a: int,
+            min_expected: float = MIN_EXPECTED) -> Tree:
+    """The nodes (prefixes whose next tokens fill two cells or more) and cells of one
+    prompt's samples, the first ``n_a`` the method's."""
+    share = _share(n_a, len(seqs))
+    groups: dict[tuple[Hashable, ...], list[int]] = {}
+    for i, s in enumerate(seqs):
+        for d in range(len(s)):
+            groups.setdefault(tuple(s[:d]), []).append(i)
+    kept: list[tuple[int, np.ndarray, np.ndarray]] = []  # (depth, members, cell of each)
+    for prefix, members in groups.items():
+        cells = _pool([seqs[i][len(prefix)] for i in members], share, min_expected)
+        if cells.max() >= 1:  # one cell: X² = 0 under every labelling
+            kept.append((len(prefix), np.asarray(members, dtype=np.int64), cells))
+    widths = [int(c.max()) + 1 for _, _, c in kept]
+    first = np.cumsum([0] + widths)  # first cell of each node
+    cell_inc = np.zeros((len(seqs), int(first[-1])), dtype=np.float32)
+    node_inc = np.zeros((len(seqs), len(kept)), dtype=np.float32)
+    for j, (_, members, cells) in enumerate(kept):
+        cell_inc[members, first[j] + cells] = 1.0
+        node_inc[members, j] = 1.0
+    node_of_cell = np.repeat(np.arange(len(kept)), widths).astype(np.int64)
+    depth_of_cell = np.repeat([d for d, _, _ in kept], widths).astype(np.int64)
+    return Tree(cell_inc, node_inc, node_of_cell, depth_of_cell,
+                cell_inc.sum(0, dtype=np.float64), node_inc.sum(0, dtype=np.float64))
 
 
 def _masks(n_a: int, n: int, permutations: int, rng: np.random.Generator) -> np.ndarray:
@@ -106,37 +157,70 @@ def _masks(n_a: int, n: int, permutations: int, rng: np.random.Generator) -> np.
     return rng.permuted(base, axis=1)
 
 
-def _prompt_stats(cells: np.ndarray, n_a: int, masks: np.ndarray) -> tuple[float, np.ndarray]:
-    """(observed X², [permutations] X² of the relabellings) of one prompt."""
-    n = cells.shape[0]
-    onehot = np.zeros((n, int(cells.max()) + 1), dtype=np.float32)  # [n, m]
-    onehot[np.arange(n), cells] = 1.0
-    totals = onehot.sum(0, dtype=np.float64)  # [m]
-    observed = _chi2(onehot[:n_a].sum(0, dtype=np.float64), totals, n_a, n)
-    permuted = _chi2((masks @ onehot).astype(np.float64), totals, n_a, n)  # [permutations]
-    return float(observed), permuted
+def _depth_chi2(tree: Tree, masks: np.ndarray, depths: int) -> np.ndarray:
+    """Σ_nodes X² at each depth for each labelling: masks [L, n] (1 on side a) -> [L, depths]."""
+    if len(tree.sizes) == 0:
+        return np.zeros((masks.shape[0], depths))
+    a = (masks @ tree.cells).astype(np.float64)  # [L, m]: side-a count of each cell
+    side = (masks @ tree.nodes).astype(np.float64)[:, tree.node_of_cell]  # [L, m]: A of its node
+    size = tree.sizes[tree.node_of_cell]  # [m]: N of its node
+    t = tree.totals  # [m]
+    den = t * side * (size - side)  # [L, m]; 0 where a labelling leaves a node one-sided
+    num = (a - t * side / size) ** 2 * size**2
+    terms = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)  # [L, m]
+    return terms @ np.eye(depths)[tree.depth_of_cell]  # [L, depths]
 
 
-def permutation_test(samples: Sequence[tuple[Sequence[Hashable], Sequence[Hashable]]], *,
+def _prompt_stats(tree: Tree, n_a: int, masks: np.ndarray,
+                  depths: int) -> tuple[np.ndarray, np.ndarray]:
+    """(observed [depths], relabellings [permutations, depths]) Σ_nodes X² of one prompt."""
+    observed = np.zeros((1, masks.shape[1]), dtype=np.float32)
+    observed[0, :n_a] = 1.0
+    return _depth_chi2(tree, observed, depths)[0], _depth_chi2(tree, masks, depths)
+
+
+def depth_pvalues(chi2: np.ndarray, null: np.ndarray) -> np.ndarray:
+    """Each depth's permutation p-value #{null ≥ X²} / L (ties count against the method) of
+    the values chi2 [..., depths] within the null [L, depths] -> [..., depths]."""
+    out = np.empty(chi2.shape)
+    for d in range(null.shape[1]):
+        ordered = np.sort(null[:, d])  # [L]
+        below = np.searchsorted(ordered, chi2[..., d] * (1 - 1e-9), side="left")
+        out[..., d] = (len(ordered) - below) / len(ordered)
+    return out
+
+
+def min_p_test(chi2: np.ndarray, null: np.ndarray) -> tuple[float, float]:
+    """(statistic, p-value) of the combined test: the statistic is the smallest per-depth
+    p-value of the observed X² [depths]; its null, the same for each relabelling in null
+    [L, depths]; p = (1 + #{null statistic ≤ statistic}) / (1 + L)."""
+    stat = float(depth_pvalues(chi2, null).min())
+    null_stats = depth_pvalues(null, null).min(-1)  # [L]
+    return stat, (1 + int((null_stats <= stat * (1 + 1e-9)).sum())) / (1 + null.shape[0])
+
+
+def permutation_test(samples: Sequence[tuple[Sequence[Sequence[Hashable]],
+                                             Sequence[Sequence[Hashable]]]], *,
                      permutations: int = PERMUTATIONS, seed: int = 0,
                      alpha: float = ALPHA, min_expected: float = MIN_EXPECTED) -> TestResult:
-    """The two-sample test over prompts: ``samples[j] = (method's, reference's)`` sequences
-    at prompt j (any hashable values: token tuples)."""
+    """The two-sample test over prompts: ``samples[j] = (method's, reference's)`` token
+    sequences at prompt j (tuples of any hashable tokens)."""
     rng = np.random.default_rng(seed)
-    total, null = 0.0, np.zeros(permutations)
-    per_prompt, cells_n = [], []
+    depths = max((len(x) for a, b in samples for x in (*a, *b)), default=1)
+    total, null = np.zeros(depths), np.zeros((permutations, depths))
+    per_prompt, cells_n, nodes_n = [], [], []
     for a, b in samples:
-        ids = list(a) + list(b)
-        cells = cells_of(ids, len(a), min_expected)
-        masks = _masks(len(a), len(ids), permutations, rng)
-        observed, permuted = _prompt_stats(cells, len(a), masks)
+        seqs = list(a) + list(b)
+        tree = tree_of(seqs, len(a), min_expected)
+        masks = _masks(len(a), len(seqs), permutations, rng)
+        observed, permuted = _prompt_stats(tree, len(a), masks, depths)
         total += observed
         null += permuted
-        per_prompt.append(observed)
-        cells_n.append(int(cells.max()) + 1)
-    exceed = int((null >= total * (1 - 1e-9)).sum())  # ties count against the method
-    pvalue = (1 + exceed) / (1 + permutations)
-    return TestResult(total, pvalue, pvalue < alpha, per_prompt, cells_n)
+        per_prompt.append(float(observed.sum()))
+        cells_n.append(len(tree.totals))
+        nodes_n.append(len(tree.sizes))
+    stat, pvalue = min_p_test(total, null)
+    return TestResult(stat, pvalue, pvalue < alpha, per_prompt, cells_n, nodes_n)
 
 
 # --------------------------------------------------------------------------- power
@@ -236,19 +320,22 @@ class _Simulator:
 
     def flag_rate(self, alts: Sequence[np.ndarray]) -> float:
         """Share of simulated tests flagged, method ~ alts[j], reference ~ laws[j]."""
-        total = np.zeros(self.reps)
-        null = np.zeros((self.reps, self.masks[0].shape[0]))
+        depths = max((len(x) for law in self.laws for x in law.atoms  # type: ignore[arg-type]
+                      if x != NOVEL), default=1)
+        total = np.zeros((self.reps, depths))
+        null = np.zeros((self.reps, self.masks[0].shape[0], depths))
         for j, law in enumerate(self.laws):
             a = _draw(alts[j], law.atoms, self.u_a[j], fresh=1 << 40)
             b = _draw(law.probs, law.atoms, self.u_b[j], fresh=1 << 50)
             ids = np.concatenate([a, b], axis=1)  # [R, n]
+            atoms = law.atoms  # a fresh id (a NOVEL draw) becomes a first token of its own
             for r in range(self.reps):
-                cells = cells_of(ids[r].tolist(), self.n_a)
-                observed, permuted = _prompt_stats(cells, self.n_a, self.masks[j])
+                seqs = [atoms[i] if i < len(atoms) else (-i,) for i in ids[r].tolist()]
+                tree = tree_of(seqs, self.n_a)  # type: ignore[arg-type]
+                observed, permuted = _prompt_stats(tree, self.n_a, self.masks[j], depths)
                 total[r] += observed
                 null[r] += permuted
-        exceed = (null >= total[:, None] * (1 - 1e-9)).sum(1)
-        pvalues = (1 + exceed) / (1 + null.shape[1])
+        pvalues = np.array([min_p_test(total[r], null[r])[1] for r in range(self.reps)])
         return float((pvalues < self.alpha).mean())
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "forward_ms",
     "llamacpp_available",
     "load_gguf",
+    "next_token_law",
     "provenance",
     "run_ar",
 ]
@@ -184,6 +185,26 @@ def load_gguf(path: str | os.PathLike[str], *, threads: int | None = None, n_ctx
                           flash_attn=flash_attn, logits_all=False, verbose=False)
     _MODELS[key] = llm
     return llm
+
+
+def next_token_law(path: str | os.PathLike[str], ids: Sequence[int], temperature: float, *,
+                   threads: int | None = None) -> Any:
+    """llama.cpp's law of the token after ``ids`` at ``temperature`` > 0 (the softmax of its
+    logits over the tempered vocabulary, what its temp + dist chain draws from): [V] float64
+    torch tensor."""
+    import numpy as np
+    import torch
+
+    if temperature <= 0:
+        raise ValueError(f"next_token_law needs temperature > 0, got {temperature}")
+    llama_cpp = _llama_cpp()
+    tokens = [int(t) for t in ids]
+    llm = load_gguf(path, threads=threads, n_ctx=len(tokens) + 8)
+    llm.reset()
+    llm.eval(tokens)
+    vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model)))
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+    return (torch.from_numpy(logits.astype(np.float64)) / temperature).softmax(-1)
 
 
 def _vocab(path: str | os.PathLike[str]) -> Any:
