@@ -19,7 +19,7 @@ from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
 from verispec.engine import loop
 from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
-                                         choose_gammas)
+                                         batch_saving, choose_gammas)
 from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
 from verispec.engine.gamma import AutoGamma, PassCosts
 from verispec.engine.loop import Engine
@@ -175,6 +175,32 @@ def test_the_drafts_reading_of_a_prompt_is_not_counted_as_overhead() -> None:
 
 def _rows(policies: Sequence[object]) -> list[SimpleNamespace]:
     return [SimpleNamespace(request=SimpleNamespace(gamma=p), num_drafts=1) for p in policies]
+
+
+def test_a_batch_reads_the_drafts_context_only_when_the_batch_gains() -> None:
+    """A prompt whose reading pays back alone (one-row saving) waits in a batch of 8 on the
+    linear grid, where drafting saves the batch nothing, and reads on the flat one; the
+    batch's saving per row is (T(R, 0) − T(R, g) / E) / R."""
+    def policies(grid: BatchCosts, rows: int) -> list[AutoGamma]:
+        costs = BatchCosts(grid.target, grid.draft, draft_prefill=1e-3).single()
+        out = [AutoGamma(costs, max_gamma=MAX_GAMMA) for _ in range(rows)]
+        for p in out:
+            p.start(100, 100)  # reading 0.1 s
+        return out
+
+    alone = policies(LINEAR, 1)[0]
+    assert not alone.drafting and alone.choose() > 0 and alone.drafting
+    assert batch_saving(LINEAR, 8, ALPHA, MAX_GAMMA) < 0 < batch_saving(FLAT, 8, ALPHA, MAX_GAMMA)
+    e = (1 - ALPHA ** (MAX_GAMMA + 1)) / (1 - ALPHA)
+    assert batch_saving(FLAT, 8, ALPHA, MAX_GAMMA) == pytest.approx(
+        (FLAT.iteration(8, 0) - FLAT.iteration(8, MAX_GAMMA) / e) / 8)
+    waiting = policies(LINEAR, 8)
+    assert choose_gammas(_rows(waiting), [MAX_GAMMA] * 8) == [0] * 8  # type: ignore[arg-type]
+    assert not any(p.drafting for p in waiting)
+    assert all(p.batch_bounds() == (0, MAX_GAMMA) for p in policies(LINEAR, 8))  # one-row rule
+    reading = policies(FLAT, 8)
+    assert all(g > 0 for g in choose_gammas(_rows(reading), [MAX_GAMMA] * 8))  # type: ignore[arg-type]
+    assert all(p.drafting for p in reading)
 
 
 def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:

@@ -19,6 +19,12 @@ most ``max_gamma`` + 1 evaluations) therefore finds the exact optimum of the mod
 single-draft rows; ties go to the shorter g. Rows with a fixed γ keep it (their blocks
 count in g and their tokens, at the prior acceptance, in the numerator).
 
+**Reading.** A row whose draft has not read its context yet may draft only once the reading
+pays back (:meth:`AutoGamma.batch_bounds`); in a batch the saving it is weighed against is
+the batch's per row (:func:`batch_saving`), not what drafting would save the request alone,
+so a batch in which speculation gains little keeps decoding plainly instead of paying for
+readings it cannot recoup.
+
 The choice depends only on the past (the rows' observed acceptances and the costs timed at
 start-up), never on the current draft, so every lossless method stays lossless. A batch of
 one row, or one whose ``auto`` rows have no measured batch grid (or different ones), is
@@ -45,7 +51,7 @@ from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["IterationOverhead", "RowDemand", "batch_choice", "choose_gammas"]
+__all__ = ["IterationOverhead", "RowDemand", "batch_choice", "batch_saving", "choose_gammas"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,18 @@ def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
     return tokens / (costs.iteration(rows, g) + extra)
 
 
+def batch_saving(costs: BatchCosts, rows: int, alpha: float, g: int,
+                 overhead: IterationOverhead | None = None) -> float:
+    """Seconds per token of one row that ``rows`` rows drafting g tokens each at acceptance α
+    save over plain decoding: (T(R, 0) − T(R, g) / E[tokens](α, g)) / R, T an iteration's
+    passes plus the learned overhead. Reading every row's context pays when each reading
+    costs less than this over the row's tokens."""
+    def seconds(k: int) -> float:
+        return costs.iteration(rows, k) + (0.0 if overhead is None else overhead.predict(rows, k))
+
+    return (seconds(0) - seconds(g) / expected_tokens(alpha, g)) / rows
+
+
 def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts,
                  overhead: IterationOverhead | None = None) -> list[int]:
     """Every row's γ: the longest draft g in [0, max cap] of highest :func:`batch_rate`
@@ -177,7 +195,9 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     for row, policy, cap in zip(rows, policies, caps, strict=True):
         forks = row.num_drafts
         if isinstance(policy, AutoGamma):
-            floor, top = policy.batch_bounds()
+            floor, top = policy.batch_bounds(lambda alpha, p=policy: max(
+                batch_saving(costs, len(rows), alpha, g, overhead)
+                for g in range(1, p.max_gamma + 1)))
             top = max(min(top, cap), 0)
             demands.append(RowDemand(policy.alpha, min(floor, top), top, forks))
         else:

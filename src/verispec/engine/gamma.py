@@ -7,6 +7,7 @@ verifier stays lossless with it (the tests prove it by exact enumeration).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from verispec.checks import check_positive
@@ -163,7 +164,7 @@ class AutoGamma:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
-            if gamma == 0 or not self._reading_pays(gamma):
+            if gamma == 0 or not self._reading_pays(self.costs.saving(self.alpha, gamma)):
                 return 0
             self.drafting = True
         if gamma == 0:
@@ -175,19 +176,21 @@ class AutoGamma:
             self.idle = 0
         return gamma
 
-    def _reading_pays(self, gamma: int) -> bool:
-        """Whether the draft's reading of the context costs no more than drafting γ saves
-        over the tokens decoded so far plus PAYBACK_SHARE of the budget."""
+    def _reading_pays(self, saving: float) -> bool:
+        """Whether the draft's reading of the context costs no more than ``saving`` (seconds
+        per token that drafting saves) over the tokens decoded so far plus PAYBACK_SHARE of
+        the budget."""
         reading = self.costs.draft_prefill * (self.context + self.emitted)
-        gain = self.costs.saving(self.alpha, gamma) * (self.emitted + PAYBACK_SHARE * self.budget)
-        return reading <= gain
+        return reading <= saving * (self.emitted + PAYBACK_SHARE * self.budget)
 
-    def batch_bounds(self) -> tuple[int, int]:
+    def batch_bounds(self, saving: Callable[[float], float] | None = None) -> tuple[int, int]:
         """(floor, cap) of this request's γ when the engine chooses the draft lengths of a
         whole batch (:mod:`verispec.engine.batch_gamma`), in place of :meth:`choose`.
 
-        The cap is ``max_gamma``, or 0 while the draft has not read the context and the
-        one-row estimate says the reading does not pay yet (as in :meth:`choose`); the
+        The cap is ``max_gamma``, or 0 while the draft has not read the context and its
+        reading does not pay yet (as in :meth:`choose`, with ``saving(α)``, the seconds per
+        token drafting saves each row of the current batch, in place of the one-row saving
+        when given: a batch that gains less from drafting waits longer to read); the
         floor is ``min_gamma``, or 1 while the pair is new (it learns the pair's
         acceptance). Unlike :meth:`choose` there is no periodic probe: a probe would lengthen
         the pass of every row of the batch. A row the batch keeps at γ = 0 keeps its
@@ -197,7 +200,8 @@ class AutoGamma:
             return max(self.min_gamma, 1), self.max_gamma
         if not self.drafting:
             gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
-            if gamma == 0 or not self._reading_pays(gamma):
+            gain = self.costs.saving(self.alpha, gamma) if saving is None else saving(self.alpha)
+            if gamma == 0 or not self._reading_pays(gain):
                 return 0, 0
             self.drafting = True
         return self.min_gamma, self.max_gamma

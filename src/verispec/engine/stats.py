@@ -156,8 +156,8 @@ class Stats:
         batch = (f"; {self.requests} requests, batch size {self.batch_size}, "
                  f"{self.mean_batch_rows:.2f} rows per target pass" if self.requests > 1 else "")
         lines = [
-            f"method {self.method} ({'lossless' if self.lossless else 'NOT lossless'}), "
-            f"γ={self.gamma}{batch}",
+            (f"method {self.method} ({'lossless' if self.lossless else 'NOT lossless'}), "
+             f"γ={self.gamma}{batch}"),
             (f"tokens {self.tokens_emitted} in {self.wall_time_s:.2f}s "
              f"({self.tokens_per_second:.2f} tok/s); stop: {self.stop_reason}"),
             (f"iterations {self.iterations}, target calls {self.target_calls} "
