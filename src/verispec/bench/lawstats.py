@@ -14,12 +14,17 @@ statistic on first-k-token samples, its permutation null and its power.
   are the same under every relabelling.
 * **Statistic.** Pearson's chi-square of each node's 2 × m table (side × next token),
   X² = Σ_cells (a − t·A/N)² · N² / (t · A · (N − A)) for a cell of pooled count t, A of
-  the node's N samples on side a, summed over the nodes and the prompts. (With k = 1 only
-  the root is left: the chi-square of the first tokens.)
-* **Null.** ``permutations`` relabellings drawn from a seeded generator: within each prompt
-  the method/reference labels are shuffled (a uniformly random set of n_a of the n samples
-  becomes the method's). p = (1 + #{T_perm ≥ T}) / (1 + permutations): under the null (the
-  two samplers have one law at every prompt) P(p ≤ α) ≤ α exactly, no asymptotics.
+  the node's N samples on side a, summed per depth over the nodes and the prompts: S_d.
+  Each S_d is ranked within its own permutation null (p_d = #{S_d,perm ≥ S_d} / L), and
+  the statistic is T = min_d p_d: the first token's table alone (depth 0) keeps its full
+  power when the deviation is there, and a deviation further on is not drowned by the
+  degrees of freedom of the other depths. (With k = 1: the first tokens' chi-square.)
+* **Null.** ``permutations`` = L relabellings drawn from a seeded generator: within each
+  prompt the method/reference labels are shuffled (a uniformly random set of n_a of the n
+  samples becomes the method's), and T is computed for each of them in the same way. p =
+  (1 + #{T_perm ≤ T}) / (1 + L): under the null (the two samplers have one law at every
+  prompt) the observed labelling is exchangeable with the relabellings, so P(p ≤ α) ≤ α
+  exactly, no asymptotics.
 * **Power.** :func:`power_threshold` simulates the whole test at a given size between a law
   and mixtures (1 − t)·law + t·r of it with a direction r, and finds by bisection the
   smallest t flagged ``POWER_LEVEL`` of the time; the threshold is reported as the mean over
@@ -66,8 +71,8 @@ class TestResult:
     """One permutation test over the prompts.
 
     Attributes:
-        statistic: T = Σ_prompts Σ_nodes X².
-        pvalue: (1 + #{T_perm ≥ T}) / (1 + permutations).
+        statistic: T = min over depths of the per-depth permutation p-value of Σ X².
+        pvalue: (1 + #{T_perm ≤ T}) / (1 + permutations).
         flagged: pvalue < alpha.
         per_prompt: Σ_nodes X² of each prompt.
         cells: the number of cells of each prompt (over its nodes).

@@ -4,6 +4,7 @@ it), GGUF models loaded once per process, and ``llamacpp-ar``, llama.cpp's plain
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.metadata
 import math
@@ -242,6 +243,11 @@ def clear_cache() -> None:
                 llm.close()
         cache.clear()
     _EOG.clear()
+
+
+# Models still cached at exit are freed while llama_cpp is intact (left to the interpreter's
+# teardown, Llama.__del__ finds the library's functions already gone and prints a traceback).
+atexit.register(clear_cache)
 
 
 # --------------------------------------------------------------------------- llamacpp-ar
