@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import TinyTokenizer
-from test_native import (  # noqa: F401 (fixtures: module, module_cache, own_cache)
+from native_support import (  # noqa: F401 (fixtures: module, module_cache, own_cache)
     PROVEN,
     close,
     module,

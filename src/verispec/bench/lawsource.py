@@ -277,8 +277,8 @@ def first_token_laws(pair: Pair, prompt: Sequence[int], temperature: float) -> t
     """(p₁, q₁) [V] float64: the tempered target's and draft's laws of the first token."""
     if pair.draft is None:
         raise ValueError("first_token_laws needs the draft model")
-    sampling = Sampling(temperature=temperature)
-    return _next_law(pair.target, prompt, sampling)[1], _next_law(pair.draft, prompt, sampling)[1]
+    return (next_token_law(pair.target, prompt, temperature),
+            next_token_law(pair.draft, prompt, temperature))
 
 
 def entropy(p: Tensor) -> float:
