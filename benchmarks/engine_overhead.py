@@ -9,9 +9,13 @@ retirement.
 
     python benchmarks/engine_overhead.py [--batch 8] [--method block] [--gamma 4]
     python benchmarks/engine_overhead.py --baseline /path/to/older/checkout --rounds 5
+    python benchmarks/engine_overhead.py --baseline ... --same-allocator
 
 With ``--baseline`` each round runs the older checkout and this one in turn (fresh
 processes, the one going first alternating) and the table pairs them round by round.
+The engine sets glibc's malloc to reuse freed blocks (:mod:`verispec.engine.memory`); an
+older engine may not, so ``--same-allocator`` gives both processes those settings through
+``GLIBC_TUNABLES``, separating the allocator's share of a difference from the code's.
 """
 
 from __future__ import annotations
@@ -74,8 +78,13 @@ def _measure(args: argparse.Namespace) -> dict[str, float]:
             "tokens": sum(len(r.tokens) for r in out.results)}
 
 
-def _run(checkout: Path | None, argv: list[str]) -> dict[str, float]:
+def _run(checkout: Path | None, argv: list[str], same_allocator: bool) -> dict[str, float]:
     env = dict(os.environ)
+    if same_allocator:
+        from verispec.engine.memory import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+        env["GLIBC_TUNABLES"] = (f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:"
+                                 f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout / "src")
     done = subprocess.run([sys.executable, str(HERE), "--json", *argv], env=env, check=True,
@@ -93,6 +102,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", type=Path, default=None,
                    help="an older verispec checkout to pair with this one")
+    p.add_argument("--same-allocator", action="store_true",
+                   help="give both sides the engine's malloc settings through GLIBC_TUNABLES")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.json:
@@ -107,9 +118,10 @@ def main() -> None:
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(sides)[::-1]
         for name in order:
-            runs[name].append(_run(sides[name], argv))
+            runs[name].append(_run(sides[name], argv, args.same_allocator))
     print(f"B = {args.batch}, {args.method}, γ = {args.gamma}, T = {args.temperature:g}, "
-          f"{args.tokens} tokens per row, {args.rounds} rounds")
+          f"{args.tokens} tokens per row, {args.rounds} rounds"
+          + (", both sides with the engine's malloc settings" if args.same_allocator else ""))
     print("| engine | overhead per iteration, ms (median) | rounds | target passes |")
     print("|---|---|---|---|")
     for name, rs in runs.items():

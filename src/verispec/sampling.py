@@ -23,6 +23,8 @@ __all__ = [
     "Randomness",
     "Sampling",
     "check_finite",
+    "choose_rows",
+    "inverse_cdf",
     "sample_from",
     "warp_rows",
 ]
@@ -130,8 +132,48 @@ class Sampling:
         return ", ".join(parts)
 
 
+CDF_CHUNK = 2048  # ids per chunk of the two-level inverse CDF
+
+
+def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Row b's first id whose cumulative weight exceeds ``u[b]`` times the row's total.
+
+    Two levels, so no cumulative sum runs over the whole vocabulary: the sums of chunks of
+    :data:`CDF_CHUNK` ids locate the chunk, a cumulative sum inside it (float64) the id. Exact
+    up to float rounding (closer than one float32 cumulative sum over 151,936 ids), and a
+    token with zero weight is never returned: the returned chunk and id are the first whose
+    cumulative weight exceeds the uniform, so they add weight.
+
+    Args:
+        probs: [B, V] non-negative weights (need not be exactly normalised).
+        u: [B] uniforms in [0, 1).
+    Returns:
+        [B] int64 token ids.
+    """
+    b, vocab = probs.shape
+    full = vocab - vocab % CDF_CHUNK
+    sums = probs[:, :full].reshape(b, -1, CDF_CHUNK).sum(-1)  # [B, C]
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], dim=1)  # [B, C+1]
+    cdf = sums.double().cumsum(-1)  # [B, C']
+    total = cdf[:, -1:]  # [B, 1]
+    if not bool((total > 0).all()) or not bool(torch.isfinite(total).all()):
+        raise ValueError("cannot sample from a row with no finite positive mass")
+    zero = torch.zeros_like(total)
+    x = torch.minimum(u[:, None].double() * total, torch.nextafter(total, zero))  # [B, 1] < total
+    chunk = torch.searchsorted(cdf, x, right=True)  # [B, 1], the first chunk with cdf > x
+    below = torch.where(chunk > 0, cdf.gather(1, (chunk - 1).clamp_min(0)), zero)  # [B, 1]
+    ids = chunk * CDF_CHUNK + torch.arange(CDF_CHUNK, device=probs.device)  # [B, CHUNK]
+    inner = torch.where(ids < vocab, probs.gather(1, ids.clamp(max=vocab - 1)), 0.0)
+    inner = inner.double().cumsum(-1)  # [B, CHUNK]
+    # the chunk's cumulative sum may round below its sum: keep the rest under its last entry
+    rest = torch.minimum(x - below, torch.nextafter(inner[:, -1:], zero))  # [B, 1]
+    return ids.gather(1, torch.searchsorted(inner, rest, right=True))[:, 0]
+
+
 def sample_from(probs: Tensor, generator: torch.Generator) -> Tensor:
-    """One token per row, by inverting the cumulative distribution with one uniform per row.
+    """One token per row, by inverting the cumulative distribution with one uniform per row
+    (:func:`inverse_cdf`).
 
     Exact up to float rounding, like ``torch.multinomial``, and about ten times faster on a
     151,936-token vocabulary; a token with zero probability is never drawn.
@@ -141,13 +183,8 @@ def sample_from(probs: Tensor, generator: torch.Generator) -> Tensor:
     Returns:
         [B] int64 token ids.
     """
-    cdf = probs.cumsum(-1)  # [B, V]
-    total = cdf[:, -1:]  # [B, 1]
-    if not bool((total > 0).all()) or not bool(torch.isfinite(total).all()):
-        raise ValueError("cannot sample from a row with no finite positive mass")
-    u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # keep u < total
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first index with cdf > u
+    u = torch.rand(probs.shape[:1], generator=generator, dtype=probs.dtype, device=probs.device)
+    return inverse_cdf(probs, u)
 
 
 class Randomness:
@@ -170,8 +207,41 @@ class Randomness:
         return u < accept_probs  # P(u < h) = h exactly for u in [0, 1)
 
     def choose(self, probs: Tensor) -> Tensor:
-        """probs [M, V] -> [M] int64, one token drawn from each row."""
+        """probs [M, V] -> [M] int64, one token drawn from each row (M uniforms)."""
         return sample_from(probs, self.generator)
+
+
+def choose_rows(randoms: Sequence[Randomness], probs: Sequence[Tensor]) -> list[Tensor]:
+    """Row k's tokens drawn from ``probs[k]`` [M_k, V] by ``randoms[k]``: the same draws as
+    ``randoms[k].choose(probs[k])`` (M_k uniforms from its generator, in row order), with one
+    inverse-CDF pass over all rows. A :class:`Randomness` subclass (the exact replay's) is
+    asked row by row.
+
+    Returns:
+        R tensors [M_k] int64.
+    """
+    if len(randoms) != len(probs):
+        raise ValueError(f"{len(randoms)} random sources for {len(probs)} rows")
+    if len(randoms) < 2 or any(type(r).choose is not Randomness.choose for r in randoms):
+        return [r.choose(p) for r, p in zip(randoms, probs, strict=True)]
+    u = torch.cat([torch.rand(p.shape[:1], generator=r.generator, dtype=p.dtype,
+                              device=p.device) for r, p in zip(randoms, probs, strict=True)])
+    tokens = inverse_cdf(_stacked(probs), u)  # [ΣM_k]
+    return list(tokens.split([p.shape[0] for p in probs]))
+
+
+def _stacked(parts: Sequence[Tensor]) -> Tensor:
+    """[ΣM_k, V]: a view when the parts are consecutive rows of one tensor, else a copy."""
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    offset, step = first.storage_offset(), first.stride(0)
+    for p in parts:
+        if (p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or p.stride() != first.stride() or p.storage_offset() != offset
+                or p.dtype != first.dtype):
+            return torch.cat(list(parts))
+        offset += p.shape[0] * step
+    return first.as_strided((rows, first.shape[1]), first.stride(), first.storage_offset())
 
 
 def warp_rows(logits: Tensor, samplings: Sequence[Sampling], who: str = "model") -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from verispec.drafters.base import Draft, Drafter, DraftRow
 from verispec.models.base import CausalLM
-from verispec.sampling import warp_rows
+from verispec.sampling import choose_rows, warp_rows
 
 __all__ = ["ModelDrafter"]
 
@@ -139,10 +139,14 @@ class ModelDrafter(Drafter):
                 self._row_calls[r.id] += 1
         for i in range(max(gammas, default=0)):
             feed: list[list[int]] = [[] for _ in range(logits.shape[0])]
+            drawn = [b for b, r in enumerate(rows) if live[b] and i < gammas[b] and not r.matching]
+            xs = dict(zip(drawn, choose_rows([rows[b].random for b in drawn],
+                                             [q[b] for b in drawn]),  # type: ignore[misc]
+                          strict=True))  # b -> [M]
             for b, r in enumerate(rows):
                 if not live[b] or i >= gammas[b]:
                     continue
-                x = logits[spans[b]].argmax(-1) if r.matching else r.random.choose(q[b])  # [M]
+                x = logits[spans[b]].argmax(-1) if r.matching else xs[b]  # [M]
                 tokens[b].append(x)
                 if not r.matching:
                     probs[b].append(q[b])
@@ -185,9 +189,11 @@ class ModelDrafter(Drafter):
         if len(need) == 1 and len(rows) == 1:
             out[0] = rows[0].sampling.probs(logits[spans[0]], self.model.name)
             return out
-        idx = torch.cat([torch.arange(spans[b].start, spans[b].stop) for b in need])
+        idx = [i for b in need for i in range(spans[b].start, spans[b].stop)]
         samplings = [rows[b].sampling for b in need for _ in range(spans[b].stop - spans[b].start)]
-        warped = warp_rows(logits[idx.to(logits.device)], samplings, self.model.name)  # [R'', V]
+        picked = logits if idx == list(range(logits.shape[0])) else \
+            logits[torch.tensor(idx, device=logits.device)]  # [R'', V], a copy only if a subset
+        warped = warp_rows(picked, samplings, self.model.name)  # [R'', V]
         at = 0
         for b in need:
             width = spans[b].stop - spans[b].start

@@ -65,9 +65,9 @@ class Scored:
             return [0.0] * len(news)
         dev = self.logits.device
         raw = self.logits[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)]
-        raw = raw.float()  # [N, V]
-        picked = raw.gather(-1, torch.tensor(tok, device=dev)[:, None])[:, 0]  # [N]
-        per = (torch.logsumexp(raw, dim=-1) - picked).double().cpu()  # [N]
+        # log_softmax is faster than logsumexp on CPU (one fused pass)
+        logp = torch.log_softmax(raw.float(), dim=-1)  # [N, V]
+        per = -logp.gather(-1, torch.tensor(tok, device=dev)[:, None])[:, 0].double().cpu()  # [N]
         out = torch.zeros(len(news), dtype=torch.float64).index_add_(0, torch.tensor(owner), per)
         return out.tolist()
 

@@ -31,6 +31,7 @@ from verispec.checks import check_positive
 from verispec.drafters.base import Draft
 from verispec.engine.batch_gamma import IterationOverhead, choose_gammas
 from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
+from verispec.engine.memory import keep_freed_memory
 from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
 from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM
@@ -63,6 +64,7 @@ class Engine:
 
     def __init__(self, target: CausalLM, *, batch_size: int = 1, profile: bool = False,
                  overhead: IterationOverhead | None = None) -> None:
+        keep_freed_memory()  # per-iteration tensors reuse freed heap blocks (no page faults)
         self.target = target
         self.overhead = IterationOverhead() if overhead is None else overhead
         self.batch_size = check_positive("batch_size", batch_size)

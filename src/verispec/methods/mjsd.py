@@ -37,7 +37,7 @@ from verispec.engine.request import GenerationOutput, accept_tokens, check_reque
 from verispec.engine.stats import Stats
 from verispec.methods.registry import MethodInfo
 from verispec.models.base import CausalLM
-from verispec.sampling import Randomness, Sampling
+from verispec.sampling import Randomness, Sampling, choose_rows
 from verispec.verify import VerifyResult
 from verispec.verify.mjsd import check_threshold, mjsd_accepted
 
@@ -90,7 +90,7 @@ class MJSDMethod(Method):
                             lengths=batch.lengths if batch.ragged else None)  # [B]
         rows = torch.arange(b, device=p.device)
         y_dist = p[rows, tau.to(p.device)]  # [B, V]
-        y = torch.cat([rand.choose(y_dist[i : i + 1]) for i, rand in enumerate(batch.randoms)])
+        y = torch.cat(choose_rows(batch.randoms, list(y_dist.split(1))))  # [B]
         p_x = p[:, :gamma].gather(-1, tokens[..., None]).squeeze(-1).to(torch.float64)  # [B, γ]
         kept = torch.arange(gamma, device=p.device)[None] < tau.to(p.device)[:, None]
         bias = torch.where(kept, 1.0 - p_x, 0.0).sum(dim=1)  # [B]

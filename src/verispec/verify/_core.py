@@ -27,7 +27,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
-from verispec.sampling import Randomness, sample_from
+from verispec.sampling import Randomness, choose_rows, sample_from
 
 __all__ = [
     "Verifier",
@@ -257,7 +257,7 @@ def draw_rows(plan: VerifyPlan, randoms: Sequence[Randomness]) -> VerifyResult:
             accepted[row, :g] = rand.coins(h[row, :g])
     tau = _tau(accepted, plan.rule)
     residual = plan.residual(tau)  # [B, V]
-    y = torch.cat([rand.choose(residual[row : row + 1]) for row, rand in enumerate(randoms)])
+    y = torch.cat(choose_rows(randoms, list(residual.split(1))))  # [B]
     return VerifyResult(num_accepted=tau, next_token=y)
 
 
