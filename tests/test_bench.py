@@ -411,6 +411,25 @@ def test_batched_configs_reuse_the_single_prompt_outputs(tmp_path: Path, toy_sui
     assert "Batched decoding" in (s.out / "summary.md").read_text()
 
 
+def test_batch_table_sets_gamma_auto_against_the_best_fixed_config(tmp_path: Path,
+                                                                    toy_suite: Path):
+    s = settings(tmp_path / "o", toy_suite, methods=parse_methods("ar,block"),
+                 temperatures=[1.0], gammas=[None, 3], repeats=1, batch_sizes=[1, 2])
+    summary = run_benchmark(s, target=toy_pair()[0], draft=toy_pair()[1], err=io.StringIO())
+    md = (s.out / "summary.md").read_text()
+    table = md[md.index("### Batched decoding"):]
+    auto = [line for line in table.splitlines() if line.startswith("| block | auto |")]
+    assert len(auto) == 2  # batch 1 and 2
+    for line in auto:
+        batch = int(line.split("|")[3])
+        rows = [r for r in summary["rows"] if r["batch_size"] == batch
+                and r["temperature"] == 1.0 and r["category"] == "all"]
+        best = max((r for r in rows if r["gamma"] != "auto"), key=lambda r: r["tokens_per_s"])
+        mine = next(r for r in rows if r["gamma"] == "auto")
+        name = "ar" if best["method"] == "ar" else f"block γ={best['gamma']}"
+        assert f"{mine['tokens_per_s'] / best['tokens_per_s']:.3f}× ({name})" in line
+
+
 # ---------------------------------------------------------------- peers (tiny HF models)
 
 

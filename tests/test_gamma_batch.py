@@ -21,7 +21,7 @@ from verispec.engine import loop
 from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
                                          batch_saving, choose_gammas)
 from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
-from verispec.engine.gamma import AutoGamma, PassCosts
+from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
@@ -201,6 +201,30 @@ def test_a_batch_reads_the_drafts_context_only_when_the_batch_gains() -> None:
     reading = policies(FLAT, 8)
     assert all(g > 0 for g in choose_gammas(_rows(reading), [MAX_GAMMA] * 8))  # type: ignore[arg-type]
     assert all(p.drafting for p in reading)
+
+
+def test_a_batch_does_not_draft_to_learn_a_new_pair() -> None:
+    """A new pair (fewer than HISTORY_MIN positions known) is learned by a request alone; in
+    a batch where drafting does not pay at the prior α, no row drafts for it (one drafting
+    row would pad every row's pass), nor does a row that began learning alone."""
+    costs = BatchCosts(LINEAR.target, LINEAR.draft, draft_prefill=1e-3).single()
+    alone = AutoGamma(costs, max_gamma=MAX_GAMMA, history=PairHistory())
+    alone.start(100, 100)
+    assert alone.learning and alone.choose() >= 1 and alone.drafting
+    history = PairHistory()
+    batch = [AutoGamma(costs, max_gamma=MAX_GAMMA, history=history) for _ in range(8)]
+    for p in batch:
+        p.start(100, 100)
+    for _ in range(3):
+        assert choose_gammas(_rows(batch), [MAX_GAMMA] * 8) == [0] * 8  # type: ignore[arg-type]
+    assert not any(p.drafting for p in batch) and history.tested < HISTORY_MIN
+    joined = [alone, *batch[1:]]
+    assert choose_gammas(_rows(joined), [MAX_GAMMA] * 8) == [0] * 8  # type: ignore[arg-type]
+    on_flat = [AutoGamma(BatchCosts(FLAT.target, FLAT.draft, draft_prefill=1e-3).single(),
+                         max_gamma=MAX_GAMMA, history=PairHistory()) for _ in range(8)]
+    for p in on_flat:
+        p.start(100, 100)
+    assert all(g > 0 for g in choose_gammas(_rows(on_flat), [MAX_GAMMA] * 8))  # type: ignore[arg-type]
 
 
 def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:

@@ -142,7 +142,7 @@ def test_freed_iteration_tensors_are_reused_without_page_faults() -> None:
 
 
 def test_malloc_setting_refuses_an_unknown_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    import verispec.engine.memory as memory
+    from verispec.engine import memory
 
     monkeypatch.setattr(memory, "_applied", None)
     monkeypatch.setenv(MALLOC_ENV, "jemalloc")

@@ -236,9 +236,24 @@ def _batch_table(rows: list[Row]) -> list[str]:
                  if base and base["tokens_per_s"] and r["tokens_per_s"] else "–")
         body.append([r["method"], _gamma(r), str(r["batch_size"]),
                      _pm(r["tokens_per_s"], r["tokens_per_s_std"]), vs_one, vs_ar,
-                     _pm(r["block_efficiency"], r["block_efficiency_std"])])
+                     _pm(r["block_efficiency"], r["block_efficiency_std"]),
+                     _vs_best_fixed(r, rows)])
     return _table(["method", "γ", "batch", "tok/s", "vs batch 1", "vs ar at this batch",
-                   "block eff."], body)
+                   "block eff.", "γ auto vs the best fixed config at this batch"], body)
+
+
+def _vs_best_fixed(row: Row, rows: list[Row]) -> str:
+    """For a γ auto row: its throughput over the best of ``ar`` and every fixed-γ config at
+    the same batch size (pooled tok/s), with that config's name."""
+    if row["gamma"] != "auto" or not row["tokens_per_s"]:
+        return ""
+    others = [r for r in rows if r["batch_size"] == row["batch_size"] and r["gamma"] != "auto"
+              and r["tokens_per_s"]]
+    if not others:
+        return "–"
+    best = max(others, key=lambda r: r["tokens_per_s"])
+    name = best["method"] if best["gamma"] in (None, 0) else f"{best['method']} γ={best['gamma']}"
+    return f"{row['tokens_per_s'] / best['tokens_per_s']:.3f}× ({name})"
 
 
 def _meta_lines(meta: dict[str, Any], rows: list[Row]) -> list[str]:

@@ -51,7 +51,8 @@ from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["IterationOverhead", "RowDemand", "batch_choice", "batch_saving", "choose_gammas"]
+__all__ = ["IterationOverhead", "RowDemand", "batch_choice", "batch_saving", "choose_gammas",
+           "iteration_seconds"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class IterationOverhead:
         self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [3, 3]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
         self.coef = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]: c₀, c₁, c₂
+        self._coef = [0.0] * self.FEATURES  # the same as floats, for predict's hot loop
         self.iterations = 0
 
     @staticmethod
@@ -113,7 +115,8 @@ class IterationOverhead:
 
     def predict(self, rows: int, g: int) -> float:
         """Seconds beyond the passes (never negative)."""
-        return max(float(self.coef @ self._features(rows, g)), 0.0)
+        c0, c1, c2 = self._coef
+        return max(c0 + c1 * rows + c2 * rows * g, 0.0)
 
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` more
@@ -123,6 +126,7 @@ class IterationOverhead:
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
         ridge = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE
         self.coef = torch.linalg.solve(self.gram + ridge, self.moment)
+        self._coef = self.coef.tolist()
         self.iterations += 1
 
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
@@ -153,15 +157,29 @@ def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
 
 
 def batch_saving(costs: BatchCosts, rows: int, alpha: float, g: int,
-                 overhead: IterationOverhead | None = None) -> float:
+                 overhead: IterationOverhead | None = None, *,
+                 seconds: Callable[[int], float] | None = None) -> float:
     """Seconds per token of one row that ``rows`` rows drafting g tokens each at acceptance α
     save over plain decoding: (T(R, 0) − T(R, g) / E[tokens](α, g)) / R, T an iteration's
-    passes plus the learned overhead. Reading every row's context pays when each reading
-    costs less than this over the row's tokens."""
-    def seconds(k: int) -> float:
-        return costs.iteration(rows, k) + (0.0 if overhead is None else overhead.predict(rows, k))
-
+    passes plus the learned overhead (``seconds``: T(R, ·) of :func:`iteration_seconds`, to
+    share among calls). Reading every row's context pays when each reading costs less than
+    this over the row's tokens."""
+    seconds = seconds or iteration_seconds(costs, rows, overhead)
     return (seconds(0) - seconds(g) / expected_tokens(alpha, g)) / rows
+
+
+def iteration_seconds(costs: BatchCosts, rows: int,
+                      overhead: IterationOverhead | None = None) -> Callable[[int], float]:
+    """T(rows, g): an iteration's predicted passes plus the learned overhead, remembered per g."""
+    known: dict[int, float] = {}
+
+    def seconds(g: int) -> float:
+        if g not in known:
+            known[g] = costs.iteration(rows, g) + (0.0 if overhead is None
+                                                   else overhead.predict(rows, g))
+        return known[g]
+
+    return seconds
 
 
 def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts,
@@ -192,11 +210,12 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     if costs is None:
         return [min(p.choose(), cap) for p, cap in zip(policies, caps, strict=True)]
     demands = []
+    seconds = iteration_seconds(costs, len(rows), overhead)  # shared by every row's saving
     for row, policy, cap in zip(rows, policies, caps, strict=True):
         forks = row.num_drafts
         if isinstance(policy, AutoGamma):
             floor, top = policy.batch_bounds(lambda alpha, p=policy: max(
-                batch_saving(costs, len(rows), alpha, g, overhead)
+                batch_saving(costs, len(rows), alpha, g, seconds=seconds)
                 for g in range(1, p.max_gamma + 1)))
             top = max(min(top, cap), 0)
             demands.append(RowDemand(policy.alpha, min(floor, top), top, forks))

@@ -126,10 +126,12 @@ class AutoGamma:
     would need the reading). So that a pessimistic prior cannot keep a pair from ever
     drafting, requests with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN``
     positions draft at least one token per iteration, from the first: they pay a prompt
-    reading to learn the pair's acceptance for the requests after them. In a batch of
-    several rows the engine chooses every ``auto`` row's γ together from the measured cost of
-    a batched pass (:meth:`batch_bounds`, :mod:`verispec.engine.batch_gamma`). γ depends only
-    on the past, so every lossless verifier stays lossless.
+    reading to learn the pair's acceptance for the requests after them — alone, not in a
+    batch: there a drafting row pads every row's pass to its block, which costs the batch
+    more than the learning is worth. In a batch of several rows the engine chooses every
+    ``auto`` row's γ together from the measured cost of a batched pass (:meth:`batch_bounds`,
+    :mod:`verispec.engine.batch_gamma`). γ depends only on the past, so every lossless
+    verifier stays lossless.
     """
 
     def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0,
@@ -160,7 +162,7 @@ class AutoGamma:
 
     def choose(self) -> int:
         gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
-        if self.history is not None and self.history.tested < HISTORY_MIN:
+        if self.learning:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
@@ -183,6 +185,11 @@ class AutoGamma:
         reading = self.costs.draft_prefill * (self.context + self.emitted)
         return reading <= saving * (self.emitted + PAYBACK_SHARE * self.budget)
 
+    @property
+    def learning(self) -> bool:
+        """The pair is new: fewer than HISTORY_MIN positions of its acceptance are known."""
+        return self.history is not None and self.history.tested < HISTORY_MIN
+
     def batch_bounds(self, saving: Callable[[float], float] | None = None) -> tuple[int, int]:
         """(floor, cap) of this request's γ when the engine chooses the draft lengths of a
         whole batch (:mod:`verispec.engine.batch_gamma`), in place of :meth:`choose`.
@@ -191,13 +198,11 @@ class AutoGamma:
         reading does not pay yet (as in :meth:`choose`, with ``saving(α)``, the seconds per
         token drafting saves each row of the current batch, in place of the one-row saving
         when given: a batch that gains less from drafting waits longer to read); the
-        floor is ``min_gamma``, or 1 while the pair is new (it learns the pair's
-        acceptance). Unlike :meth:`choose` there is no periodic probe: a probe would lengthen
-        the pass of every row of the batch. A row the batch keeps at γ = 0 keeps its
-        estimate of α until it drafts again (alone, it probes as before)."""
-        if self.history is not None and self.history.tested < HISTORY_MIN:
-            self.drafting = True
-            return max(self.min_gamma, 1), self.max_gamma
+        floor is ``min_gamma``. Neither a new pair nor a periodic probe makes a row draft
+        here: one drafting row pads the pass of every row of the batch to its block, so a
+        new pair is judged at its prior α and learned by requests that run alone. A row the
+        batch keeps at γ = 0 keeps its estimate of α until it drafts again (alone, it
+        probes as before)."""
         if not self.drafting:
             gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
             gain = self.costs.saving(self.alpha, gamma) if saving is None else saving(self.alpha)

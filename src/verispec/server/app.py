@@ -35,7 +35,7 @@ from verispec.server.scheduler import Delta, Event, Failure, Final, Job, Schedul
 from verispec.server.schemas import Generation, parse_body, parse_chat, parse_completion
 from verispec.server.text import TextStream
 
-__all__ = ["ServerState", "create_app"]
+__all__ = ["ServerState", "costs_wanted", "create_app", "time_pair_costs"]
 
 #: How often a waiting handler checks that the scheduler thread is still alive (seconds).
 LIVENESS_S = 5.0
@@ -52,6 +52,19 @@ class ServerState:
     scheduler: Scheduler
     model_id: str
     started: int
+
+
+def costs_wanted(state: ServerState) -> bool:
+    """Whether the server times the pair's passes before it starts (γ auto, ``warm_costs``)."""
+    return state.draft is not None and (state.config.warm_costs
+                                        or state.planner.default.gamma == "auto")
+
+
+def time_pair_costs(state: ServerState) -> None:
+    """Time the pair's passes up to ``max_batch`` rows when :func:`costs_wanted`: once per
+    machine, pair and grid (kept on disk), which can take minutes on a small CPU."""
+    if costs_wanted(state):
+        pair_costs(state.target, state.draft, state.config.max_batch)  # type: ignore[arg-type]
 
 
 def create_app(target: CausalLM, draft: CausalLM | None = None,
@@ -74,8 +87,7 @@ def create_app(target: CausalLM, draft: CausalLM | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if (config.warm_costs or planner.default.gamma == "auto") and draft is not None:
-            await asyncio.to_thread(pair_costs, target, draft, config.max_batch)
+        await asyncio.to_thread(time_pair_costs, state)
         scheduler.start()
         try:
             yield

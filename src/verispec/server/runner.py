@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from verispec.models.base import CausalLM
-from verispec.server.app import ServerState, create_app
+from verispec.server.app import ServerState, costs_wanted, create_app, time_pair_costs
 from verispec.server.config import ServerConfig
 
 __all__ = ["ServerHandle", "serve"]
@@ -136,6 +136,10 @@ def serve(target: CausalLM, draft: CausalLM | None, config: ServerConfig, *,
     previous = {sig: signal.signal(sig, on_signal)
                 for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
+        if costs_wanted(handle.state):  # before the start's deadline: a new grid takes minutes
+            print(f"verispec serve: timing the pair's passes up to {config.max_batch} rows for "
+                  "gamma auto (kept on disk after the first time)", file=err, flush=True)
+            time_pair_costs(handle.state)
         handle.start()
         print(f"verispec serve: {handle.state.model_id} ({config.method}) on {handle.url} "
               f"(max batch {config.max_batch}, queue {config.max_queue})", file=out, flush=True)
