@@ -151,8 +151,9 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
         [B] int64 token ids.
     """
     b, vocab = probs.shape
-    full = vocab - vocab % CDF_CHUNK
-    sums = probs[:, :full].reshape(b, -1, CDF_CHUNK).sum(-1)  # [B, C]
+    width = min(CDF_CHUNK, vocab)  # a small vocabulary is one chunk
+    full = vocab - vocab % width
+    sums = probs[:, :full].reshape(b, -1, width).sum(-1)  # [B, C]
     if full < vocab:
         sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], dim=1)  # [B, C+1]
     cdf = sums.double().cumsum(-1)  # [B, C']
@@ -163,9 +164,9 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     x = torch.minimum(u[:, None].double() * total, torch.nextafter(total, zero))  # [B, 1] < total
     chunk = torch.searchsorted(cdf, x, right=True)  # [B, 1], the first chunk with cdf > x
     below = torch.where(chunk > 0, cdf.gather(1, (chunk - 1).clamp_min(0)), zero)  # [B, 1]
-    ids = chunk * CDF_CHUNK + torch.arange(CDF_CHUNK, device=probs.device)  # [B, CHUNK]
+    ids = chunk * width + torch.arange(width, device=probs.device)  # [B, width]
     inner = torch.where(ids < vocab, probs.gather(1, ids.clamp(max=vocab - 1)), 0.0)
-    inner = inner.double().cumsum(-1)  # [B, CHUNK]
+    inner = inner.double().cumsum(-1)  # [B, width]
     # the chunk's cumulative sum may round below its sum: keep the rest under its last entry
     rest = torch.minimum(x - below, torch.nextafter(inner[:, -1:], zero))  # [B, 1]
     return ids.gather(1, torch.searchsorted(inner, rest, right=True))[:, 0]
