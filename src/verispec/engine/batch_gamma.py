@@ -105,8 +105,7 @@ class IterationOverhead:
         self.clock = clock
         self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [3, 3]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
-        self.coef = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]: c₀, c₁, c₂
-        self._coef = [0.0] * self.FEATURES  # the same as floats, for predict's hot loop
+        self.coef = [0.0] * self.FEATURES  # c₀, c₁, c₂ as floats (predict runs per row and g)
         self.iterations = 0
 
     @staticmethod
@@ -115,7 +114,7 @@ class IterationOverhead:
 
     def predict(self, rows: int, g: int) -> float:
         """Seconds beyond the passes (never negative)."""
-        c0, c1, c2 = self._coef
+        c0, c1, c2 = self.coef
         return max(c0 + c1 * rows + c2 * rows * g, 0.0)
 
     def observe(self, rows: int, g: int, seconds: float) -> None:
@@ -125,8 +124,7 @@ class IterationOverhead:
         self.gram = self.gram * OVERHEAD_DECAY + torch.outer(f, f)
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
         ridge = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE
-        self.coef = torch.linalg.solve(self.gram + ridge, self.moment)
-        self._coef = self.coef.tolist()
+        self.coef = torch.linalg.solve(self.gram + ridge, self.moment).tolist()
         self.iterations += 1
 
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
