@@ -2,18 +2,21 @@
 
 The embedded pair (int8 where the CPU allows it), the first 8 HumanEval prompts, every
 prompt decoding exactly ``--tokens`` tokens (EOS ignored), seeds 0..7, each configuration
-once in this order after one short warm-up call:
+in ``--repeats`` rounds (round r starts its rotation of the configurations at the r-th, so no
+configuration always runs first) after one short warm-up call:
 
-    python benchmarks/batch_gamma.py --batch 8 --temperature 0 --tokens 64 --gammas 2,4
+    python benchmarks/batch_gamma.py --batch 8 --temperature 0 --tokens 64 --gammas 2,4 --repeats 3
 
 Prints tokens per second (all rows' tokens over the call's wall time, prompt reading
-included) and the number of batched target passes per configuration, then γ auto over the
-best of the others. One run per configuration: no intervals; run it again for the spread.
+included) and the number of batched target passes per configuration and round, the median
+per configuration, and γ auto over the best of the others in the same round (geometric mean
+over the rounds, and each round's ratio).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -31,6 +34,8 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--gammas", default="2,4", help="fixed γ values besides auto and ar")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every configuration (round r starts at the r-th)")
     args = p.parse_args()
     torch.set_num_threads(2)
     pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT)
@@ -39,22 +44,30 @@ def main() -> None:
     configs += [("block", int(g)) for g in args.gammas.split(",") if g]
     generate_batch(pair.target, pair.draft, prompts[:2], method="block", gamma="auto",
                    temperature=args.temperature, max_new_tokens=4, batch_size=2)  # warm-up
-    rates: dict[str, float] = {}
-    for method, gamma in configs:
-        start = time.perf_counter()
-        out = generate_batch(pair.target, pair.draft, prompts, method=method, gamma=gamma,
-                             temperature=args.temperature, seeds=list(range(PROMPTS)),
-                             max_new_tokens=args.tokens, batch_size=args.batch,
-                             ignore_eos=True)
-        wall = time.perf_counter() - start
-        name = "ar" if method == "ar" else f"block γ={gamma}"
-        rates[name] = sum(len(r.tokens) for r in out.results) / wall
-        print(f"B={args.batch} T={args.temperature:g} {name}: {rates[name]:.2f} tok/s, "
-              f"{out.stats.target_passes} target passes", flush=True)
-    auto = rates.pop("block γ=auto")
-    best = max(rates, key=rates.__getitem__)
-    print(f"γ auto / best other ({best}): {auto / rates[best]:.3f}")
-
+    rounds: list[dict[str, float]] = []
+    for r in range(args.repeats):
+        rates: dict[str, float] = {}
+        for method, gamma in configs[r % len(configs):] + configs[:r % len(configs)]:
+            start = time.perf_counter()
+            out = generate_batch(pair.target, pair.draft, prompts, method=method, gamma=gamma,
+                                 temperature=args.temperature, seeds=list(range(PROMPTS)),
+                                 max_new_tokens=args.tokens, batch_size=args.batch,
+                                 ignore_eos=True)
+            wall = time.perf_counter() - start
+            name = "ar" if method == "ar" else f"block γ={gamma}"
+            rates[name] = sum(len(res.tokens) for res in out.results) / wall
+            print(f"round {r + 1} B={args.batch} T={args.temperature:g} {name}: "
+                  f"{rates[name]:.2f} tok/s, {out.stats.target_passes} target passes", flush=True)
+        rounds.append(rates)
+    ratios = []
+    for rates in rounds:
+        others = {k: v for k, v in rates.items() if k != "block γ=auto"}
+        ratios.append(rates["block γ=auto"] / max(others.values()))
+    for name in rounds[0]:
+        print(f"{name}: median {statistics.median(x[name] for x in rounds):.2f} tok/s")
+    print(f"γ auto / best other in the same round: geometric mean "
+          f"{statistics.geometric_mean(ratios):.3f} (rounds: "
+          + ", ".join(f"{x:.3f}" for x in ratios) + ")")
 
 if __name__ == "__main__":
     main()

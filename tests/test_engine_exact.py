@@ -207,6 +207,13 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     assert bad.choose() == 0
     good.observe(3, 2)
     assert good.history is not None and good.history.tested == HISTORY_MIN + 3
+    pooled = PairHistory()
+    late = AutoGamma(costs, max_gamma=3, history=pooled)  # made before the pair is known,
+    late.start(prompt, budget)  # as a batch's requests are
+    pooled.add(0.95 * HISTORY_MIN, HISTORY_MIN)  # earlier requests finish first
+    assert late.choose() > 0 and late.prior == 0.95  # read at its first choice
+    pooled.add(0, 10 * HISTORY_MIN)
+    assert late.prior == 0.95  # and fixed from then on
 
 
 @pytest.mark.parametrize("history", [None, "learned"])

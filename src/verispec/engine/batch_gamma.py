@@ -28,7 +28,8 @@ readings it cannot recoup.
 The choice depends only on the past (the rows' observed acceptances and the costs timed at
 start-up), never on the current draft, so every lossless method stays lossless. A batch of
 one row, or one whose ``auto`` rows have no measured batch grid (or different ones), is
-given the per-request choice of :meth:`AutoGamma.choose`, exactly as before.
+given the per-request choice of :meth:`AutoGamma.choose` (a row alone with the engine's
+learned overhead below, so its choice too counts the engine's own time per iteration).
 
 **The engine's own time.** Outside the model passes an iteration also gathers p and q,
 verifies, samples and feeds the drafters, and that work grows with the rows and the drafted
@@ -96,8 +97,9 @@ class IterationOverhead:
 
     fitted by least squares with exponential forgetting (:data:`OVERHEAD_DECAY` per
     iteration) and a ridge toward 0 (:data:`OVERHEAD_RIDGE`). It absorbs both the engine's
-    work outside the passes and any drift of the passes from their start-up timing. Batches
-    of one row are not recorded (their γ is each request's own choice)."""
+    work outside the passes and any drift of the passes from their start-up timing.
+    Iterations of one row are recorded too: a request alone weighs the same time (R = 1) in
+    its own choice."""
 
     FEATURES = 3
 
@@ -130,7 +132,7 @@ class IterationOverhead:
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance): recorded against the grid of its ``auto`` rows, if they share one."""
-        costs = _shared_costs([r.request.gamma for r in rows]) if len(rows) > 1 else None
+        costs = _shared_costs([r.request.gamma for r in rows])
         if costs is None:
             return
         cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
@@ -198,15 +200,23 @@ def _shared_costs(policies: Sequence[GammaPolicy]) -> BatchCosts | None:
     return next(iter(grids.values()))
 
 
+def _alone(row: Row, overhead: IterationOverhead) -> Callable[[int], float]:
+    """γ -> the learned overhead of an iteration of this row alone (M cache rows while a
+    multi-draft row drafts M blocks)."""
+    return lambda g: overhead.predict(_cache_rows([row.num_drafts], [g]), g)
+
+
 def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
                   overhead: IterationOverhead | None = None) -> list[int]:
     """γ for every active row of an iteration; ``caps[b]`` is the longest draft row b has
     room for; ``overhead``: the engine's learned time beyond the passes (None: none).
-    One row, or no shared batch grid: each policy's own :meth:`choose`."""
+    One row, or no shared batch grid: each policy's own :meth:`choose` (one row with a grid:
+    given the overhead at R = 1)."""
     policies: list[GammaPolicy] = [r.request.gamma for r in rows]  # type: ignore[misc]
-    costs = _shared_costs(policies) if len(rows) > 1 else None
-    if costs is None:
-        return [min(p.choose(), cap) for p, cap in zip(policies, caps, strict=True)]
+    costs = _shared_costs(policies)
+    if costs is None or len(rows) == 1:
+        alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
+        return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
     demands = []
     seconds = iteration_seconds(costs, len(rows), overhead)  # shared by every row's saving
     for row, policy, cap in zip(rows, policies, caps, strict=True):

@@ -15,7 +15,7 @@ import json
 import os
 import platform
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ __all__ = [
     "BATCH_ROWS",
     "PROBE_SIZES",
     "BatchCosts",
+    "Overhead",
     "PassCosts",
     "cost_key",
     "expected_tokens",
@@ -37,6 +38,10 @@ __all__ = [
     "measure_costs",
     "timing_file",
 ]
+
+#: γ -> seconds an iteration that drafts γ tokens costs beyond its model passes (the
+#: engine's own work, learned from its iterations).
+Overhead = Callable[[int], float]
 
 #: Target pass sizes timed at start-up; costs in between are interpolated linearly.
 PROBE_SIZES = (1, 2, 4, 8, 16)
@@ -88,15 +93,18 @@ class PassCosts:
         """c = target step / draft step."""
         return self.target_pass(1) / self.draft
 
-    def iteration(self, gamma: int) -> float:
+    def iteration(self, gamma: int, overhead: Overhead | None = None) -> float:
         """Seconds of one iteration that drafts γ tokens: γ draft steps and a target pass
-        over γ + 1 tokens."""
-        return gamma * self.draft + self.target_pass(gamma + 1)
+        over γ + 1 tokens, plus ``overhead(γ)`` (the engine's own time beyond the passes)
+        when given."""
+        extra = 0.0 if overhead is None else overhead(gamma)
+        return gamma * self.draft + self.target_pass(gamma + 1) + extra
 
-    def saving(self, alpha: float, gamma: int) -> float:
+    def saving(self, alpha: float, gamma: int, overhead: Overhead | None = None) -> float:
         """Seconds per token that drafting γ tokens at acceptance α saves over plain
-        decoding (negative: it costs)."""
-        return self.target_pass(1) - self.iteration(gamma) / expected_tokens(alpha, gamma)
+        decoding (negative: it costs); iterations cost their passes plus ``overhead``."""
+        return (self.iteration(0, overhead)
+                - self.iteration(gamma, overhead) / expected_tokens(alpha, gamma))
 
     def describe(self) -> str:
         return (f"target {self.target_pass(1) * 1e3:.1f} ms per token, draft "

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from verispec.checks import check_positive
-from verispec.engine.costs import PassCosts, expected_tokens
+from verispec.engine.costs import Overhead, PassCosts, expected_tokens
 
 __all__ = ["AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts", "best_gamma",
            "expected_tokens"]
@@ -31,8 +31,10 @@ class GammaPolicy(Protocol):
     def start(self, prompt_tokens: int, budget: int) -> None:
         """The request's prompt length and token budget, before its first iteration."""
 
-    def choose(self) -> int:
-        """γ for the next iteration (the engine caps it by the room left)."""
+    def choose(self, overhead: Overhead | None = None) -> int:
+        """γ for the next iteration (the engine caps it by the room left); ``overhead``:
+        what an iteration costs beyond its passes, as the engine has measured it (None:
+        nothing)."""
 
     def observe(self, drafted: int, accepted: int) -> None:
         """The iteration drafted ``drafted`` tokens and accepted ``accepted`` of them."""
@@ -55,7 +57,7 @@ class FixedGamma:
     def start(self, prompt_tokens: int, budget: int) -> None:
         return None
 
-    def choose(self) -> int:
+    def choose(self, overhead: Overhead | None = None) -> int:
         return self.gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -98,10 +100,13 @@ class PairHistory:
         self.tested += tested
 
 
-def best_gamma(alpha: float, costs: PassCosts, max_gamma: int) -> int:
+def best_gamma(alpha: float, costs: PassCosts, max_gamma: int,
+               overhead: Overhead | None = None) -> int:
     """The γ in [0, max_gamma] that maximises expected tokens per second:
-    E[tokens](α, γ) / (γ · t_draft + t_target(γ + 1)); ties go to the shorter draft."""
-    rates = [expected_tokens(alpha, g) / costs.iteration(g) for g in range(max_gamma + 1)]
+    E[tokens](α, γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ)); ties go to the shorter
+    draft."""
+    rates = [expected_tokens(alpha, g) / costs.iteration(g, overhead)
+             for g in range(max_gamma + 1)]
     return max(range(max_gamma + 1), key=lambda g: (rates[g], -g))
 
 
@@ -113,7 +118,9 @@ class AutoGamma:
     ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA``, or at the pair's pooled acceptance over
     earlier requests when a :class:`PairHistory` is given — and drafts the γ that maximises expected
     tokens per second under the papers' i.i.d. model with the measured costs (V(k) in the
-    denominator). Where speculation does not pay it chooses γ = 0 (plain decoding), drafting
+    denominator, plus the engine's own time per iteration when the engine passes what it has
+    measured: plain decoding pays that time on every token, an iteration that drafts γ shares
+    it among its accepted tokens). Where speculation does not pay it chooses γ = 0 (plain decoding), drafting
     one token every ``PROBE_EVERY`` iterations to keep its estimate current.
 
     The draft model reads a request's context at its first draft, which costs
@@ -138,7 +145,7 @@ class AutoGamma:
                  history: PairHistory | None = None) -> None:
         self.costs = costs
         self.history = history
-        self.prior = PRIOR_ALPHA if history is None else history.prior()
+        self._prior = PRIOR_ALPHA if history is None else None  # None: read at the first choice
         self.max_gamma = check_positive("max_gamma", max_gamma)
         self.min_gamma = min(check_positive("min_gamma", min_gamma, minimum=0), self.max_gamma)
         self.accepted = 0.0
@@ -157,16 +164,33 @@ class AutoGamma:
         return "auto"
 
     @property
+    def prior(self) -> float:
+        """α₀: ``PRIOR_ALPHA``, or the pair's pooled α as it stands at this request's first
+        choice of γ (not when the request was made: a batch submitted at once still starts
+        its later requests from the outcomes of the earlier ones), fixed from then on."""
+        if self._prior is None:
+            assert self.history is not None
+            return self.history.prior()
+        return self._prior
+
+    @property
     def alpha(self) -> float:
         return (self.accepted + self.prior * PRIOR_WEIGHT) / (self.tested + PRIOR_WEIGHT)
 
-    def choose(self) -> int:
-        gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
+    def _first_choice(self) -> None:
+        if self._prior is None:
+            self._prior = self.prior
+
+    def choose(self, overhead: Overhead | None = None) -> int:
+        self._first_choice()
+        gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma, overhead),
+                    self.min_gamma)
         if self.learning:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
-            if gamma == 0 or not self._reading_pays(self.costs.saving(self.alpha, gamma)):
+            saving = self.costs.saving(self.alpha, gamma, overhead)
+            if gamma == 0 or not self._reading_pays(saving):
                 return 0
             self.drafting = True
         if gamma == 0:
@@ -203,6 +227,7 @@ class AutoGamma:
         new pair is judged at its prior α and learned by requests that run alone. A row the
         batch keeps at γ = 0 keeps its estimate of α until it drafts again (alone, it
         probes as before)."""
+        self._first_choice()
         if not self.drafting:
             gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
             gain = self.costs.saving(self.alpha, gamma) if saving is None else saving(self.alpha)
