@@ -120,8 +120,9 @@ class AutoGamma:
     tokens per second under the papers' i.i.d. model with the measured costs (V(k) in the
     denominator, plus the engine's own time per iteration when the engine passes what it has
     measured: plain decoding pays that time on every token, an iteration that drafts γ shares
-    it among its accepted tokens). Where speculation does not pay it chooses γ = 0 (plain decoding), drafting
-    one token every ``PROBE_EVERY`` iterations to keep its estimate current.
+    it among its accepted tokens). Where speculation does not pay it chooses γ = 0 (plain
+    decoding), drafting one token every ``PROBE_EVERY`` iterations to keep its estimate
+    current.
 
     The draft model reads a request's context at its first draft, which costs
     ``costs.draft_prefill`` per token. A request starts drafting once that reading is
