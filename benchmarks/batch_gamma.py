@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every configuration (round r starts at the r-th)")
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(2)
     pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT)
     prompts = [x.text for x in load_suite("humaneval", PROMPTS)]
@@ -68,6 +70,7 @@ def main() -> None:
     print(f"γ auto / best other in the same round: geometric mean "
           f"{statistics.geometric_mean(ratios):.3f} (rounds: "
           + ", ".join(f"{x:.3f}" for x in ratios) + ")")
+
 
 if __name__ == "__main__":
     main()
