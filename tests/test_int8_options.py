@@ -30,7 +30,11 @@ def test_two_codes_per_activation_are_exact_and_closer_to_float(module: Any,  # 
                                                                  kernel: kernels.Int8Kernel,
                                                                  ) -> None:
     """Layers fed two codes per activation (``split``) keep rows independent (k tokens in
-    one pass equal one at a time) and land closer to the float model than one code."""
+    one pass equal one at a time) and land closer to the float model than one code. The
+    second code takes the first one's rounding error, so what remains is the weights'
+    quantization error: with 7-bit codes the activations' rounding dominates one code's
+    error (the split at least halves it); with 8-bit codes (a step half as wide, where the
+    kernel accumulates in int32) less is left to gain, and it must still be clear."""
     from verispec.models.native.config import NativeConfig
     from verispec.models.native.weights import LAYER_LINEARS, build_int8, int8_state, module_tensors
 
@@ -52,7 +56,7 @@ def test_two_codes_per_activation_are_exact_and_closer_to_float(module: Any,  # 
     assert torch.equal(singles, outs[0])
     err_fine = float((outs[0] - outs[2]).abs().sum(-1).max())
     err_coarse = float((outs[1] - outs[2]).abs().sum(-1).max())
-    assert err_fine < 0.5 * err_coarse
+    assert err_fine < (0.5 if kernel.bits == 7 else 0.85) * err_coarse
 
 
 @pytest.mark.parametrize("precision", ["float32", pytest.param("int8", marks=needs_int8)])
