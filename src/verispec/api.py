@@ -271,13 +271,8 @@ def generate_batch(
                          "batch; use generate() for each prompt")
     tgt = run.pair.target
     engine = Engine(tgt.spawn(), batch_size=len(prompts) if batch_size is None else batch_size)
-    requests = []
-    for i, (p, s, n) in enumerate(zip(prompts, seeds, budgets, strict=True)):
-        callback = None if on_tokens is None else _indexed(on_tokens, i)
-        requests.append(Request(encode_prompt(tgt, p), plan.engine_method, plan.sampling, n,
-                                Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
-                                run.policy(engine.batch_size), run.drafter, callback,
-                                ignore_eos=ignore_eos))
+    requests = _batch_requests(run, engine.batch_size, prompts, seeds, budgets, on_tokens,
+                               ignore_eos)
     start = time.perf_counter()
     with EnergyMeter(tgt.device) as meter:
         rows = [engine.submit(r) for r in requests]
@@ -293,6 +288,22 @@ def generate_batch(
     return BatchGenerationResult(
         results=[GenerationResult(tokens=list(r.emitted), text=decode(tgt, r.emitted),
                                   stats=r.stats) for r in rows], stats=stats)
+
+
+def _batch_requests(run: _Run, batch_size: int, prompts: Sequence[str | Sequence[int]],
+                    seeds: Sequence[int], budgets: Sequence[int],
+                    on_tokens: Callable[[int, list[int]], None] | None,
+                    ignore_eos: bool) -> list[Request]:
+    """One engine request per prompt, each with its own generator seeded with its seed."""
+    tgt, plan = run.pair.target, run.plan
+    requests = []
+    for i, (p, s, n) in enumerate(zip(prompts, seeds, budgets, strict=True)):
+        callback = None if on_tokens is None else _indexed(on_tokens, i)
+        requests.append(Request(encode_prompt(tgt, p), plan.engine_method, plan.sampling, n,
+                                Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
+                                run.policy(batch_size), run.drafter, callback,
+                                ignore_eos=ignore_eos))
+    return requests
 
 
 def _per_prompt(prompts: Sequence[str | Sequence[int]], seed: int, seeds: Sequence[int] | None,

@@ -153,11 +153,10 @@ def _pad_drafts(drafts: Sequence[Draft], m: int, gamma: int, vocab: int, dtype: 
             q[b, :, g:, 0] = 1.0
         if d.gamma == 0:
             continue
-        rows = d.tokens.shape[0]
-        tokens[b, :, :d.gamma] = (d.tokens.to(device).expand(m, d.gamma) if rows != m
-                                  else d.tokens.to(device))
+        # copy_ converts device and dtype while it writes: no intermediate copy of q
+        tokens[b, :, :d.gamma].copy_(d.tokens.expand(m, d.gamma))
         if d.probs is not None:
-            q[b, :, :g] = d.probs.to(device=device, dtype=dtype).expand(m, g, vocab)
+            q[b, :, :g].copy_(d.probs.expand(m, g, vocab))
     return q, tokens
 
 
