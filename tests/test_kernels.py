@@ -4,9 +4,11 @@ do (not only the CPU flags). Runs on every x86-64 machine, with and without VNNI
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +79,7 @@ def test_isa_caps_make_any_cpu_behave_as_avx2() -> None:
         "from verispec.models.native import kernels as k\n"
         "out = {'proven': [str(x) for x in k.proven()], 'sig': k.signature(),\n"
         "       'error8': k.exactness_error(k.Int8Kernel('onednn', 8)),\n"
-        "       'chosen': str(k.choose()[0])}\n"
+        "       'chosen': str(k.choose()[0]), 'report': k.report()}\n"
         "os.environ[k.KERNEL_ENV] = 'onednn/8'\n"
         "try:\n"
         "    k.choose(); out['refused'] = False\n"
@@ -92,7 +94,30 @@ def test_isa_caps_make_any_cpu_behave_as_avx2() -> None:
     assert sorted(out["proven"]) == ["fbgemm/7", "onednn/7"]
     assert out["error8"] > 1e-2 and out["refused"]
     assert out["chosen"] in ("fbgemm/7", "onednn/7")
+    assert out["report"][0] == "ISA caps: " + ", ".join(f"{e}={v}" for e, v in ISA_CAPS.items())
+    for library in ("onednn", "fbgemm"):
+        assert any(line.startswith(f"| {library} | 8 bits |") and line.endswith("| refused |")
+                   for line in out["report"])
     assert out["sig"] != kernels.signature() or _caps_set()
+
+
+@x86
+def test_the_cli_reports_every_kernel_its_verdict_and_the_choice(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``verispec models kernels`` lists every kernel of the table with its self-test verdict
+    (exact for the proven ones, refused for the others) and the kernel int8 models use."""
+    from verispec.cli import main
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv(kernels.KERNEL_ENV, raising=False)
+    out = io.StringIO()
+    assert main(["models", "kernels"], out=out, err=io.StringIO()) == 0
+    text = out.getvalue()
+    for kernel in KERNELS["x86_64"]:
+        verdict = "exact" if kernel in kernels.proven() else "refused"
+        assert re.search(rf"^\| {kernel.library} \| {kernel.bits} bits \| [^|]+ \| {verdict} \|$",
+                         text, re.MULTILINE), kernel
+    assert f"chosen: {kernels.choose()[0]} (" in text
 
 
 def test_no_int8_on_other_architectures(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = msub.add_parser("fetch", help="download, verify and convert the embedded models")
     fetch.add_argument("--force", action="store_true", help="fetch again even if cached")
     msub.add_parser("list", help="list the embedded models and whether they are cached")
+    msub.add_parser("kernels", help="the int8 kernels' exactness self-test on this CPU and "
+                    "which kernel int8 models use")
     path = msub.add_parser("path", help="print where a fetched embedded model lives")
     path.add_argument("name", help="an embedded model name")
     path.add_argument("--format", dest="fmt", choices=["hf", "gguf"], default="hf",
@@ -270,6 +272,11 @@ def _cmd_models(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 0
     if args.models_command == "path":
         out.write(f"{f.model_path(args.name, args.fmt)}\n")
+        return 0
+    if args.models_command == "kernels":
+        from verispec.models.native import kernels
+
+        out.write("\n".join(kernels.report()) + "\n")
         return 0
     for model in f.EMBEDDED_MODELS.values():
         path = f.cache_dir() / model.name

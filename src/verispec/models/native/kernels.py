@@ -46,7 +46,7 @@ import verispec.models.native.onednn as onednn
 from verispec.telemetry.machine import cpu_info
 
 __all__ = ["KERNELS", "KERNEL_ENV", "Int8Kernel", "choose", "exactness_error", "parse",
-           "proven", "signature"]
+           "proven", "report", "signature"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
 #: what oneDNN and fbgemm read to cap the instruction set they dispatch to
@@ -277,3 +277,26 @@ def choose() -> tuple[Int8Kernel | None, str]:
         return widest[0], f"{widest[0]}; {why}"
     kernel, timing = _timed_choice(widest)
     return kernel, f"{kernel}; {why}; {timing}"
+
+
+def report() -> list[str]:
+    """What :func:`choose` sees on this CPU, as text lines: the ISA caps in the environment,
+    every kernel of this CPU's table with its max relative error on the adversarial product
+    (exact, or refused), and the choice with its reason (``verispec models kernels``)."""
+    caps = ", ".join(f"{e}={os.environ[e]}" for e in ISA_ENV if os.environ.get(e)) or "none"
+    lines = [f"ISA caps: {caps}", "| kernel | codes | max relative error | here |",
+             "|---|---|---|---|"]
+    ok = proven()
+    for kernel in KERNELS.get(_arch(), ()):
+        if not _library_present(kernel.library):
+            verdict, error = "not in this torch", "–"
+        else:
+            try:
+                error = f"{exactness_error(kernel):.2g}"
+                verdict = "exact" if kernel in ok else "refused"
+            except RuntimeError as exc:
+                error, verdict = "–", f"cannot run ({exc})"
+        lines.append(f"| {kernel.library} | {kernel.bits} bits | {error} | {verdict} |")
+    kernel, why = choose()
+    lines.append(f"chosen: {kernel or 'none'} ({why})")
+    return lines
