@@ -154,37 +154,6 @@ def test_a_request_alone_weighs_the_engines_own_time_per_iteration() -> None:
     assert choose_gammas(alone(FLAT), caps, per_position) == [0]  # type: ignore[arg-type]
 
 
-def test_a_moment_alone_on_a_loaded_engine_does_not_start_a_reading() -> None:
-    """A request alone weighs what drafting would save it by the engine's recent share of
-    one-row iterations (1 before any): a reading that pays back alone waits while the
-    engine's iterations mostly run two rows (in a batch the batch policy chooses for the
-    row), and is made once they run one row again."""
-    costs = BatchCosts(LINEAR.target, LINEAR.draft, draft_prefill=1e-3).single()
-
-    def fresh() -> list[SimpleNamespace]:
-        policy = AutoGamma(costs, max_gamma=MAX_GAMMA)
-        policy.start(1000, 100)  # a reading of 1 s
-        return _rows([policy])
-
-    def run(rows: list[SimpleNamespace], times: int) -> None:  # iterations with no overhead
-        for _ in range(times):
-            overhead.record(rows, [0] * len(rows), LINEAR.iteration(len(rows), 0))  # type: ignore[arg-type]
-
-    overhead = IterationOverhead()
-    assert overhead.alone == 1.0
-    assert choose_gammas(fresh(), [MAX_GAMMA], overhead)[0] > 0  # type: ignore[arg-type]
-    run(_rows([AutoGamma(costs), AutoGamma(costs)]), 40)
-    assert overhead.alone == pytest.approx(0.95 ** 40)
-    waiting = fresh()
-    assert choose_gammas(waiting, [MAX_GAMMA], overhead) == [0]  # type: ignore[arg-type]
-    assert not waiting[0].request.gamma.drafting
-    assert choose_gammas(waiting, [MAX_GAMMA], None)[0] > 0  # type: ignore[arg-type]
-    waiting = fresh()
-    run(fresh(), 40)
-    assert overhead.alone > 0.85
-    assert choose_gammas(waiting, [MAX_GAMMA], overhead)[0] > 0  # type: ignore[arg-type]
-
-
 def test_a_learned_overhead_flips_the_batch_choice() -> None:
     """On the flat grid 8 rows draft; once the engine has learned that every drafted
     position costs it a tenth of a second, they decode plainly. The passes alone (the grid)

@@ -87,9 +87,6 @@ OVERHEAD_DECAY = 0.99
 #: Ridge weight pulling every overhead coefficient toward 0 (an unexplored draft length is
 #: assumed free, so the policy tries it and learns its cost).
 OVERHEAD_RIDGE = 0.1
-#: Forgetting factor of the share of iterations that run one row alone, per iteration: a
-#: moment alone between two requests of a loaded server moves it by a twentieth.
-ALONE_DECAY = 0.95
 
 
 class IterationOverhead:
@@ -102,12 +99,7 @@ class IterationOverhead:
     iteration) and a ridge toward 0 (:data:`OVERHEAD_RIDGE`). It absorbs both the engine's
     work outside the passes and any drift of the passes from their start-up timing.
     Iterations of one row are recorded too: a request alone weighs the same time (R = 1) in
-    its own choice.
-
-    It also follows how often an iteration runs one row alone (:attr:`alone`, an
-    exponential average with :data:`ALONE_DECAY`, 1 before the first iteration): a request
-    that finds itself alone weighs what drafting would save it alone by that share, since in
-    a batch the batch policy chooses for it."""
+    its own choice."""
 
     FEATURES = 3
 
@@ -117,7 +109,6 @@ class IterationOverhead:
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
         self.coef = [0.0] * self.FEATURES  # c₀, c₁, c₂ as floats (predict runs per row and g)
         self.iterations = 0
-        self.alone = 1.0  # recent share of iterations with one row
 
     @staticmethod
     def _features(rows: int, g: int) -> torch.Tensor:
@@ -141,7 +132,6 @@ class IterationOverhead:
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance): recorded against the grid of its ``auto`` rows, if they share one."""
-        self.alone = ALONE_DECAY * self.alone + (1.0 - ALONE_DECAY) * (len(rows) == 1)
         costs = _shared_costs([r.request.gamma for r in rows])
         if costs is None:
             return
@@ -221,13 +211,12 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     """γ for every active row of an iteration; ``caps[b]`` is the longest draft row b has
     room for; ``overhead``: the engine's learned time beyond the passes (None: none).
     One row, or no shared batch grid: each policy's own :meth:`choose` (one row with a grid:
-    given the overhead at R = 1 and the recent share of one-row iterations)."""
+    given the overhead at R = 1)."""
     policies: list[GammaPolicy] = [r.request.gamma for r in rows]  # type: ignore[misc]
     costs = _shared_costs(policies)
     if costs is None or len(rows) == 1:
         alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
-        share = 1.0 if alone is None or overhead is None else overhead.alone
-        return [min(p.choose(alone, share), cap) for p, cap in zip(policies, caps, strict=True)]
+        return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
     demands = []
     seconds = iteration_seconds(costs, len(rows), overhead)  # shared by every row's saving
     for row, policy, cap in zip(rows, policies, caps, strict=True):

@@ -31,11 +31,10 @@ class GammaPolicy(Protocol):
     def start(self, prompt_tokens: int, budget: int) -> None:
         """The request's prompt length and token budget, before its first iteration."""
 
-    def choose(self, overhead: Overhead | None = None, alone: float = 1.0) -> int:
+    def choose(self, overhead: Overhead | None = None) -> int:
         """γ for the next iteration (the engine caps it by the room left); ``overhead``:
         what an iteration costs beyond its passes, as the engine has measured it (None:
-        nothing); ``alone``: the share of its coming iterations the request is expected to
-        run alone (the engine's recent share of one-row iterations)."""
+        nothing)."""
 
     def observe(self, drafted: int, accepted: int) -> None:
         """The iteration drafted ``drafted`` tokens and accepted ``accepted`` of them."""
@@ -58,7 +57,7 @@ class FixedGamma:
     def start(self, prompt_tokens: int, budget: int) -> None:
         return None
 
-    def choose(self, overhead: Overhead | None = None, alone: float = 1.0) -> int:
+    def choose(self, overhead: Overhead | None = None) -> int:
         return self.gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -132,10 +131,7 @@ class AutoGamma:
     budget. A short prompt drafts from the first token; a long one with a small budget is
     decoded plainly until its output proves long (as in ski rental: by the estimate, the
     wait loses at most what one reading costs). While it waits it does not probe (a probe
-    would need the reading). The saving counts only for the share of its iterations the
-    request is expected to run alone (``choose(alone=…)``, the engine's recent share of
-    one-row iterations): on a loaded server a moment alone between two requests does not
-    start a reading that only iterations alone would pay back. So that a pessimistic prior cannot keep a pair from ever
+    would need the reading). So that a pessimistic prior cannot keep a pair from ever
     drafting, requests with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN``
     positions draft at least one token per iteration, from the first: they pay a prompt
     reading to learn the pair's acceptance for the requests after them — alone, not in a
@@ -186,7 +182,7 @@ class AutoGamma:
         if self._prior is None:
             self._prior = self.prior
 
-    def choose(self, overhead: Overhead | None = None, alone: float = 1.0) -> int:
+    def choose(self, overhead: Overhead | None = None) -> int:
         self._first_choice()
         gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma, overhead),
                     self.min_gamma)
@@ -194,10 +190,7 @@ class AutoGamma:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
-            # the saving accrues only while the request runs alone: in a batch the batch
-            # policy decides, and a server whose iterations are mostly batched would pay
-            # the reading for a moment alone between two requests
-            saving = self.costs.saving(self.alpha, gamma, overhead) * alone
+            saving = self.costs.saving(self.alpha, gamma, overhead)
             if gamma == 0 or not self._reading_pays(saving):
                 return 0
             self.drafting = True
