@@ -179,17 +179,26 @@ EXACT_TOLERANCE = 1e-5  # relative; float32 rounding is ~1e-7, a saturated pair 
 
 
 @cache
+def _self_test() -> dict[Int8Kernel, float | str]:
+    """Every kernel of this CPU's table: its :func:`exactness_error`, or why it has none
+    (its library is absent from this torch, or cannot run here at all)."""
+    out: dict[Int8Kernel, float | str] = {}
+    for kernel in KERNELS.get(_arch(), ()):
+        if not _library_present(kernel.library):
+            out[kernel] = "not in this torch"
+            continue
+        try:
+            out[kernel] = exactness_error(kernel)
+        except RuntimeError as exc:
+            out[kernel] = f"cannot run ({exc})"
+    return out
+
+
+@cache
 def proven() -> tuple[Int8Kernel, ...]:
     """The kernels of this CPU's table that are present in this torch and exact here."""
-    out = []
-    for kernel in KERNELS.get(_arch(), ()):
-        if _library_present(kernel.library):
-            try:
-                if exactness_error(kernel) <= EXACT_TOLERANCE:
-                    out.append(kernel)
-            except RuntimeError:  # a library that cannot run here at all
-                continue
-    return tuple(out)
+    return tuple(k for k, error in _self_test().items()
+                 if isinstance(error, float) and error <= EXACT_TOLERANCE)
 
 
 def _time(kernel: Int8Kernel) -> float:
@@ -286,17 +295,12 @@ def report() -> list[str]:
     caps = ", ".join(f"{e}={os.environ[e]}" for e in ISA_ENV if os.environ.get(e)) or "none"
     lines = [f"ISA caps: {caps}", "| kernel | codes | max relative error | here |",
              "|---|---|---|---|"]
-    ok = proven()
-    for kernel in KERNELS.get(_arch(), ()):
-        if not _library_present(kernel.library):
-            verdict, error = "not in this torch", "–"
+    for kernel, error in _self_test().items():
+        if isinstance(error, str):
+            shown, verdict = "–", error
         else:
-            try:
-                error = f"{exactness_error(kernel):.2g}"
-                verdict = "exact" if kernel in ok else "refused"
-            except RuntimeError as exc:
-                error, verdict = "–", f"cannot run ({exc})"
-        lines.append(f"| {kernel.library} | {kernel.bits} bits | {error} | {verdict} |")
+            shown, verdict = f"{error:.2g}", "exact" if kernel in proven() else "refused"
+        lines.append(f"| {kernel.library} | {kernel.bits} bits | {shown} | {verdict} |")
     kernel, why = choose()
     lines.append(f"chosen: {kernel or 'none'} ({why})")
     return lines
