@@ -129,3 +129,24 @@ def test_the_committed_serve_config_file_parses_and_builds() -> None:
     spec, config = engine.init_args
     assert spec.target and spec.draft and engine.num_replicas == app.args["replicas"]
     assert engine.max_ongoing_requests >= config.max_batch + config.max_queue
+
+
+@needs_ray
+def test_the_local_serve_settings_are_ray_serves_own_and_place_the_ingress_ports() -> None:
+    """Every setting names an environment variable that Ray Serve reads (a renamed one
+    would be ignored without a word), the ingress replicas take ``port`` and the ports
+    after it, and a port range that does not fit is refused."""
+    from ray.serve._private import constants
+
+    from verispec.server.ray_runner import local_serve_env
+
+    source = Path(constants.__file__).read_text()
+    env = local_serve_env(8000, ingress_replicas=2)
+    for name in env:
+        assert f'"{name}"' in source, name
+    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    first, end = (int(env[f"RAY_SERVE_DIRECT_INGRESS_{k}_HTTP_PORT"]) for k in ("MIN", "MAX"))
+    assert list(range(first, end)) == [8000, 8001]  # Serve allocates from range(MIN, MAX)
+    for port, count in ((0, 1), (65535, 2), (8000, 0)):
+        with pytest.raises(ValueError, match="ingress port"):
+            local_serve_env(port, count)

@@ -11,6 +11,7 @@ Every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -75,6 +76,24 @@ def descendants(pid: int) -> set[int]:
 
 def alive(pids: set[int]) -> set[int]:
     return {p for p in pids if (fields := _stat(p)) and fields[0] != "Z"}
+
+
+def listener(port: int) -> str:
+    """The command line of the process that listens on 127.0.0.1:``port`` (Ray's processes
+    name themselves there, e.g. ``ray::ProxyActor``)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):  # no IPv6 table: nothing to read there
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()  # sl, local address:port (hex), remote, state, ..., inode
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            fds = Path("/proc", pid, "fd")
+            if any(os.readlink(fds / fd) in inodes for fd in os.listdir(fds)):
+                return Path("/proc", pid, "cmdline").read_text().replace("\0", " ").strip()
+    raise AssertionError(f"nothing listens on port {port}")
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
@@ -253,6 +272,14 @@ def requests_mix(n: int, max_tokens: int = 20) -> list[dict[str, Any]]:
 
 
 # -- serving -------------------------------------------------------------------------------------
+
+@needs_ray
+def test_the_ingress_replica_takes_http_itself_not_serves_proxy(cluster: Cluster) -> None:
+    """Direct ingress: the endpoint's socket belongs to the ingress replica, so a request
+    crosses no proxy process on its way to the engine replica."""
+    assert "ServeReplica:verispec:VerispecIngress" in listener(cluster.port)
+    assert "ProxyActor" not in listener(cluster.port)
+
 
 @needs_ray
 def test_sixteen_concurrent_streams_equal_the_single_process_server(cluster: Cluster) -> None:

@@ -5,8 +5,8 @@ Starts ``verispec serve`` twice on 127.0.0.1 with the toy pair of
 Ray (or takes a running Ray endpoint from ``--url``), then sends the same small
 non-streamed completion to each, one request at a time, alternating between the two so
 that drift in the machine's load hits both alike. Reports the median latency of each, the
-median of the per-pair difference (the added latency per request: Serve's HTTP proxy, the
-ingress, the handle call to the engine replica and back) and the CPU.
+median of the per-pair difference (the added latency per request: HTTP into the ingress
+replica, its handle call to the engine replica and back) and the CPU.
 
 Run: ``python -m verispec.server.ray_overhead --requests 200`` (needs the ray extra).
 The toy pair decodes in microseconds, so the figure is the serving path, not the model.

@@ -1,8 +1,11 @@
 """``verispec serve --replicas N``: the app on Ray Serve, started and stopped with the command.
 
 Without ``--address`` a local Ray starts on loopback only (:func:`start_local_ray`: node
-address 127.0.0.1, no dashboard) and Serve's HTTP proxy binds ``--host:--port``; with
-``--address`` the command joins that cluster. :func:`serve_replicas` deploys
+address 127.0.0.1, no dashboard) and the ingress replica itself takes HTTP on
+``--host:--port`` (Ray Serve's direct ingress, :func:`local_serve_env`: one process hop
+fewer than through Serve's HTTP proxy, which then listens on a free port of its own); with
+``--address`` the command joins that cluster and Serve's HTTP proxy binds ``--host:--port``
+(the cluster's own Serve settings apply). :func:`serve_replicas` deploys
 :func:`~verispec.server.ray_serve.build_app` as the application ``verispec`` and serves
 until SIGINT/SIGTERM. Then, as the single-process server: a drain order
 (:mod:`verispec.server.ray_state`) makes every engine replica refuse new requests (503)
@@ -36,7 +39,26 @@ from verispec.server import ray_state
 #: address instead of replacing it with the machine's network address.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
-__all__ = ["LOOPBACK_ENV", "loopback_mode", "serve_replicas", "start_local_ray"]
+__all__ = ["LOOPBACK_ENV", "local_serve_env", "loopback_mode", "serve_replicas",
+           "start_local_ray"]
+
+
+def local_serve_env(port: int, ingress_replicas: int = 1) -> dict[str, str]:
+    """Ray Serve's settings for a local Ray (Serve reads them from the environment of every
+    Ray process, so they are set before Ray starts): the ingress replicas take HTTP
+    themselves ("direct ingress") on ``port`` and the ports after it, one each, instead of
+    behind Serve's HTTP proxy, so a request crosses one process less. No load balancer sits
+    in front to deregister a stopping ingress from, so it stops at once, and a restarted
+    ingress takes its port back at once. Serve's throughput-optimized mode is not used: its
+    user code on the replica's main event loop slowed decoding in the engine replica
+    (docs/deploy.md, "Scaling model")."""
+    if not (ingress_replicas >= 1 and 0 < port and port + ingress_replicas <= 65536):
+        raise ValueError(f"no room for {ingress_replicas} ingress port(s) from {port}")
+    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + ingress_replicas),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+            "RAY_SERVE_PORT_QUARANTINE_S": "0"}
 
 
 def loopback_mode() -> None:
@@ -142,8 +164,11 @@ def serve_replicas(spec: Any, config: Any, options: Any, *, host: str = "127.0.0
 
     app = build_app(spec, config, options)  # bad options fail here, before Ray starts
     port = port or _free_port(host)
+    proxy_port = port  # Serve's HTTP proxy: the endpoint on a joined cluster
     chatty = log_level in ("debug", "info")
     if address is None:
+        proxy_port = _free_port(host)
+        os.environ.update(local_serve_env(port, options.ingress_replicas))
         cpus = max(os.cpu_count() or 1, math.ceil(options.most_replicas * options.replica_cpus))
         start_local_ray(num_cpus=cpus, log_to_driver=chatty)
     else:
@@ -154,7 +179,8 @@ def serve_replicas(spec: Any, config: Any, options: Any, *, host: str = "127.0.0
     try:
         with _signals(stop):  # after ray.init, which installs a SIGTERM handler of its own
             ray_state.clear_drain(APP_NAME)  # an order left by an earlier run on this cluster
-            serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly",
+            serve.start(http_options={"host": host, "port": proxy_port},
+                        proxy_location="HeadOnly",
                         logging_config={"log_level": log_level.upper()})
             serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
             stop.serving = True

@@ -13,7 +13,9 @@ Two deployments make the application (:func:`build_app`):
   it publishes its metrics and reads the application's drain order
   (:mod:`verispec.server.ray_state`).
 * :class:`VerispecIngress`, an ASGI ingress (one replica by default, no CPU reserved)
-  that forwards each HTTP request through a streaming deployment handle. Ray Serve's
+  that forwards each HTTP request through a streaming deployment handle (by value, over
+  Serve's gRPC transport). On a local Ray it takes HTTP itself (Serve's direct ingress,
+  :func:`verispec.server.ray_runner.local_serve_env`). Ray Serve's
   router picks the engine replica (power of two choices: the shorter queue of two
   replicas drawn at random). If the replica dies before a response started, the request
   goes to another replica (:data:`MAX_ATTEMPTS` in all); if it dies mid-response, a stream
@@ -239,7 +241,9 @@ class VerispecIngress:
     """The ingress: forwards every request to an engine replica, answers ``/metrics``."""
 
     def __init__(self, engine: DeploymentHandle, max_body_bytes: int) -> None:
-        self.engine = engine.options(method_name="forward", stream=True)
+        # by value over Serve's gRPC transport, whatever the cluster's default: less added
+        # latency per request than through Ray's object store (docs/deploy.md)
+        self.engine = engine.options(method_name="forward", stream=True, _by_reference=False)
         self.max_body_bytes = max_body_bytes
         self.registry = CollectorRegistry()
         self.rerouted = Counter("verispec_ingress_rerouted", "requests sent to another engine "
