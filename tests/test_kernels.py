@@ -42,10 +42,38 @@ def test_each_kernel_is_exact_where_used_and_refused_elsewhere(
     if kernel in kernels.proven():
         assert error <= 1e-6  # float32 rounding of an exact int32
         assert kernels.choose()[0] == kernel  # the override is honoured
-    else:
-        assert error > 1e-2  # saturated int16 pair sums
+        assert kernels.varying_pass_sizes(kernel) == []  # rows never see each other
+    else:  # saturated int16 pair sums, or rows that see each other
+        assert error > 1e-2 or kernels.varying_pass_sizes(kernel)
         with pytest.raises(ValueError, match="not exact on this CPU"):
             kernels.choose()
+
+
+@x86
+def test_a_kernel_whose_rows_see_each_other_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact integer products are not enough: a kernel whose float epilogue rounds one way
+    for a one-row pass and another way for wider passes (as oneDNN's own scaling does on a
+    CPU with AMX) is refused, with the pass sizes that differ."""
+    real = kernels.matmul
+
+    def one_row_rounds_apart(kernel: Int8Kernel, packed: object, u: torch.Tensor,
+                             *args: torch.Tensor) -> torch.Tensor:
+        out = real(kernel, packed, u, *args)  # [M, N]
+        return torch.nextafter(out, out + 1) if u.shape[0] == 1 else out  # one ulp
+
+    good = kernels.proven()[0]
+    assert kernels.varying_pass_sizes(good) == []
+    monkeypatch.setattr(kernels, "matmul", one_row_rounds_apart)
+    assert kernels.varying_pass_sizes(good) == [1]
+    kernels._self_test.cache_clear()
+    kernels.proven.cache_clear()
+    try:
+        assert good not in kernels.proven()
+        assert "rows see each other: passes of 1 rows" in str(kernels._self_test()[good])
+        assert kernels.exactness_error(good) <= 1e-6  # the products alone are still exact
+    finally:
+        kernels._self_test.cache_clear()
+        kernels.proven.cache_clear()
 
 
 @x86

@@ -19,7 +19,8 @@ Flags can mislead (a hypervisor may hide them; ``ONEDNN_MAX_CPU_ISA`` and
 ``FBGEMM_ENABLE_INSTRUCTIONS`` change what the libraries run; fbgemm uses VNNI only with
 ``avx512_vnni``), so every candidate proves itself: :func:`proven` runs an adversarial product
 (weights ±127, inputs at the extreme codes, both signs, several pass sizes) through it and
-keeps it only when the result is the exact integer product. Among the proven kernels of the
+keeps it only when the result is the exact integer product and every row of random layers
+comes out the same bit for bit whatever the pass size (:func:`varying_pass_sizes`). Among the proven kernels of the
 widest code width the fastest on this CPU is used (:func:`choose`, a short timing made once
 and recorded in verispec's cache directory); ``VERISPEC_INT8_KERNEL`` (e.g. ``fbgemm/7``)
 overrides the choice. The table :data:`KERNELS` has one entry per CPU architecture; an
@@ -46,13 +47,18 @@ import verispec.models.native.onednn as onednn
 from verispec.telemetry.machine import cpu_info
 
 __all__ = ["KERNELS", "KERNEL_ENV", "Int8Kernel", "choose", "exactness_error", "parse",
-           "proven", "report", "signature"]
+           "proven", "report", "signature", "varying_pass_sizes"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
 #: what oneDNN and fbgemm read to cap the instruction set they dispatch to
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
 SELF_TEST_K = 256  # input width of the adversarial product (|result| < 2^24: exact in float32)
 SELF_TEST_ROWS = (1, 3, 8, 37)  # pass sizes the adversarial product is run at
+#: [N, K] of the random layers a kernel must be batch-invariant on (small layers take other
+#: code paths: oneDNN's AMX and VNNI paths scaled differently at 256 x 1536)
+INVARIANCE_SHAPES = ((64, 32), (32, 64), (256, 256), (256, 1536))
+INVARIANCE_ROWS = (1, 2, 3, 4, 5, 8, 9, 17, 33)  # pass sizes compared with one full pass
+INVARIANCE_FULL = 64
 TIMING_SHAPE = (4096, 1024)  # [N, K] of the layer the candidates are timed on
 TIMING_ROWS = (1, 4)  # the pass sizes decoding uses most
 TIMING_REPEATS = 15
@@ -128,11 +134,21 @@ def matmul(kernel: Int8Kernel, packed: object, u: Tensor, a: Tensor, scale: Tens
     the weights' zero points (0), ``half`` the scalar x_zero + 0.5."""
     if kernel.library == "onednn":  # quantized here: trunc(u / a / x_scale + x_zero + 0.5)
         xq = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale).to(torch.uint8)
-        return torch.ops.onednn.qlinear_pointwise(
-            xq, kernel.x_scale, kernel.x_zero, packed, scale, zeros, None, 1.0, 0,
-            torch.float32, "none", [], "")
+        # unit scales: the kernel returns float32(Σ integer products), whatever path the pass
+        # size selects; oneDNN's own scaling rounds differently on its AMX and VNNI paths
+        # (rows would see each other), so the scales are applied here, one way for all rows
+        acc = torch.ops.onednn.qlinear_pointwise(
+            xq, 1.0, kernel.x_zero, packed, _unit(scale.numel()), zeros, None, 1.0, 0,
+            torch.float32, "none", [], "")  # [M, N]
+        return acc.mul_(scale * kernel.x_scale)
     return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
         u / a, kernel.x_scale, kernel.x_zero, packed)  # fbgemm quantizes u / a itself
+
+
+@cache
+def _unit(n: int) -> Tensor:
+    """[n] float32 ones: the weight scales oneDNN is given (:func:`matmul`)."""
+    return torch.ones(n)
 
 
 # -- proving and timing ----------------------------------------------------------------------
@@ -178,10 +194,32 @@ def exactness_error(kernel: Int8Kernel) -> float:
 EXACT_TOLERANCE = 1e-5  # relative; float32 rounding is ~1e-7, a saturated pair ~1e-1 or more
 
 
+def varying_pass_sizes(kernel: Int8Kernel) -> list[int]:
+    """The pass sizes of :data:`INVARIANCE_ROWS` at which some row of a random layer (each
+    shape of :data:`INVARIANCE_SHAPES`) comes out other than in one pass of
+    :data:`INVARIANCE_FULL` rows, bit for bit (empty: rows never see each other). A library
+    may run other code paths for other pass sizes and layer shapes; exact integer products
+    are not enough if the float epilogue then rounds differently."""
+    g = torch.Generator().manual_seed(0)
+    varying: set[int] = set()
+    for n, k in INVARIANCE_SHAPES:
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        scale = torch.rand(n, generator=g) * 0.01 + 1e-3  # [N]
+        zeros, half = torch.zeros(n, dtype=torch.int64), torch.tensor(kernel.x_zero + 0.5)
+        packed = pack(kernel, w, scale)
+        x = torch.randn((INVARIANCE_FULL, k), generator=g)  # [M, K]
+        a = x.abs().amax(1, keepdim=True)  # [M, 1]
+        full = matmul(kernel, packed, x, a, scale, zeros, half)  # [M, N]
+        varying |= {m for m in INVARIANCE_ROWS if not torch.equal(
+            matmul(kernel, packed, x[:m], a[:m], scale, zeros, half), full[:m])}
+    return sorted(varying)
+
+
 @cache
 def _self_test() -> dict[Int8Kernel, float | str]:
     """Every kernel of this CPU's table: its :func:`exactness_error`, or why it has none
-    (its library is absent from this torch, or cannot run here at all)."""
+    (its library is absent from this torch, cannot run here at all, or its rows see each
+    other: :func:`varying_pass_sizes`)."""
     out: dict[Int8Kernel, float | str] = {}
     for kernel in KERNELS.get(_arch(), ()):
         if not _library_present(kernel.library):
@@ -189,8 +227,13 @@ def _self_test() -> dict[Int8Kernel, float | str]:
             continue
         try:
             out[kernel] = exactness_error(kernel)
+            varying = varying_pass_sizes(kernel)
         except RuntimeError as exc:
             out[kernel] = f"cannot run ({exc})"
+            continue
+        if varying:
+            out[kernel] = (f"rows see each other: passes of {', '.join(map(str, varying))} "
+                           f"rows differ from one of {INVARIANCE_FULL}")
     return out
 
 
@@ -273,8 +316,10 @@ def choose() -> tuple[Int8Kernel | None, str]:
     if override:
         kernel = parse(override)
         if kernel not in ok:
+            found = _self_test().get(kernel, "not in this CPU's table")
+            why = f"error {found:.2g}" if isinstance(found, float) else found
             raise ValueError(f"{KERNEL_ENV}={override}: {kernel} is not exact on this CPU "
-                             f"(proven here: {', '.join(map(str, ok)) or 'none'})")
+                             f"({why}; proven here: {', '.join(map(str, ok)) or 'none'})")
         return kernel, f"{kernel} ({KERNEL_ENV})"
     if not ok:
         return None, "no int8 kernel of this torch computes exact integer products on this CPU"
