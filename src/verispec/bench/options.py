@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["BENCH_EPILOG", "INSTALL_COMMAND", "PIP_CMAKE_FLAGS", "add_bench_arguments"]
+__all__ = ["BENCH_EPILOG", "INSTALL_COMMAND", "NO_AMX_FLAGS", "PIP_CMAKE_FLAGS",
+           "add_bench_arguments"]
+
+#: ggml's AMX int8 matmul in llama-cpp-python 0.3.36 dies with SIGILL (``tilezero`` in
+#: ``ggml_backend_amx_mul_mat`` on a worker thread) on an Intel Xeon with AMX under Linux: the
+#: tile-data permission is requested and the tile configuration loaded on one thread only
+#: (ggml-org/llama.cpp pull request 26954). ``-mno-amx-int8`` leaves ``__AMX_INT8__``
+#: undefined even after ``-march=native``, so ggml compiles without that backend and runs its
+#: AVX-512 VNNI kernels there; on CPUs without AMX the flag changes nothing.
+NO_AMX_FLAGS = ("-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8")
 
 PIP_CMAKE_FLAGS = (
     "-DGGML_NATIVE=ON",
@@ -16,10 +25,11 @@ PIP_CMAKE_FLAGS = (
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
+    *NO_AMX_FLAGS,
 )
 """CMake flags of llama-cpp-python's documented install (native CPU library only: no examples,
-tests, tools, server or multimodal library); :mod:`verispec.bench.llamacpp.library` builds its
-install commands from them."""
+tests, tools, server or multimodal library; no AMX: :data:`NO_AMX_FLAGS`);
+:mod:`verispec.bench.llamacpp.library` builds its install commands from them."""
 
 INSTALL_COMMAND = (f'CMAKE_ARGS="{" ".join(PIP_CMAKE_FLAGS)}" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) '
                    "pip install --no-cache-dir -e '.[peers]'")

@@ -87,11 +87,13 @@ example of llama-cpp-python 0.3.36 prints none: it never calls
 its debug log reports.
 
 Install (llama-cpp-python compiles llama.cpp from source; these flags build only the native
-CPU library, no examples, tests, tools, server or multimodal library)::
+CPU library, no examples, tests, tools, server or multimodal library, no AMX backend:
+:data:`verispec.bench.options.NO_AMX_FLAGS` says why)::
 
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \\
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \\
-      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \\
+      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 \\
+      -DCMAKE_CXX_FLAGS=-mno-amx-int8" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \\
       pip install --no-cache-dir -e '.[peers]'
 
 (``--no-cache-dir``: pip would otherwise reuse a wheel cached from a build with other flags.)

@@ -28,6 +28,7 @@ from verispec.bench.llamacpp.library import (
     _installed_version,
     default_threads,
 )
+from verispec.bench.options import NO_AMX_FLAGS
 from verispec.bench.peers import PeerResult
 from verispec.models.fetch import cache_dir
 
@@ -57,9 +58,11 @@ SPEC_CMAKE_FLAGS = (
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
+    *NO_AMX_FLAGS,
 )
-"""CMake flags of the example build: native, static (self-contained binary), only the
-libraries the example needs are compiled because only its target is built."""
+"""CMake flags of the example build: native without AMX (as the library's install), static
+(self-contained binary), only the libraries the example needs are compiled because only its
+target is built."""
 
 NO_SYSTEM_INFO = "not printed by llama-speculative-simple"
 
@@ -160,16 +163,25 @@ def _vendored_source(root: Path, version: str, source: Path | None,
     return src
 
 
+def _built_flags(root: Path) -> list[str] | None:
+    """The CMake flags of the finished build under ``root`` (None: no finished build)."""
+    try:
+        return list(json.loads((root / "build.json").read_text("utf-8"))["cmake_flags"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int | None = None,
                       force: bool = False, progress: Progress | None = None) -> Path:
     """Build ``llama-speculative-simple`` (only that CMake target) from the llama.cpp sources
     vendored in the installed llama-cpp-python's sdist, into
     ``<cache>/llama.cpp/llama-cpp-python-<version>/``; return the binary. Needs cmake and a
-    C++17 compiler (ninja if present). Reuses a finished build unless ``force``."""
+    C++17 compiler (ninja if present). Reuses a finished build made with the same flags unless
+    ``force``."""
     version = _installed_version() or LLAMA_CPP_PYTHON_VERSION
     root = _build_root(version)
     binary = root / "build" / "bin" / SPEC_TARGET
-    if not force and (root / "build.json").is_file() and binary.is_file():
+    if not force and binary.is_file() and _built_flags(root) == list(SPEC_CMAKE_FLAGS):
         return binary
     cmake = shutil.which("cmake")
     if cmake is None:

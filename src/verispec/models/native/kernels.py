@@ -135,8 +135,9 @@ def matmul(kernel: Int8Kernel, packed: object, u: Tensor, a: Tensor, scale: Tens
     if kernel.library == "onednn":  # quantized here: trunc(u / a / x_scale + x_zero + 0.5)
         xq = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale).to(torch.uint8)
         # unit scales: the kernel returns float32(Σ integer products), whatever path the pass
-        # size selects; oneDNN's own scaling rounds differently on its AMX and VNNI paths
-        # (rows would see each other), so the scales are applied here, one way for all rows
+        # size selects; with AMX, oneDNN's own scaling rounded differently on its AMX and
+        # AVX-512 VNNI paths (rows saw each other), so the scales are applied here, one way
+        # for every row
         acc = torch.ops.onednn.qlinear_pointwise(
             xq, 1.0, kernel.x_zero, packed, _unit(scale.numel()), zeros, None, 1.0, 0,
             torch.float32, "none", [], "")  # [M, N]
