@@ -361,6 +361,25 @@ def test_speculative_binary_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert L.speculative_binary() == own
 
 
+def test_a_build_with_other_flags_is_rebuilt_not_reused(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """build-spec reuses a finished build only if it was made with today's flags (an older
+    build with ggml's AMX backend crashes on an AMX CPU); otherwise it builds again."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    root = SPEC._build_root()
+    binary = root / "build" / "bin" / L.SPEC_TARGET
+    binary.parent.mkdir(parents=True)
+    binary.write_text("")
+    (root / "build.json").write_text(json.dumps({"cmake_flags": list(SPEC.SPEC_CMAKE_FLAGS)}))
+    monkeypatch.setattr(SPEC.shutil, "which", lambda name: None)  # a build would need cmake
+    assert SPEC.build_speculative() == binary  # same flags: reused
+    old = [f for f in SPEC.SPEC_CMAKE_FLAGS if "amx" not in f]
+    assert len(old) < len(SPEC.SPEC_CMAKE_FLAGS)
+    (root / "build.json").write_text(json.dumps({"cmake_flags": old}))
+    with pytest.raises(RuntimeError, match="needs cmake"):
+        SPEC.build_speculative()  # other flags: built again
+
+
 # --------------------------------------------------------------------------- integration
 
 
