@@ -420,3 +420,16 @@ def test_no_hf_drops_only_the_transformers_peers() -> None:
          "--no-hf"])
     labels = [m.label for m in settings_from_args(args).methods]
     assert labels == ["ar", "block", "llamacpp-ar", "llamacpp-spec[gamma=4]"]
+
+
+@pytest.mark.parametrize("missing", [(), ("amx_int8",)], ids=["every-flag", "one-missing"])
+def test_machine_line_names_only_the_flags_a_cpu_lacks(monkeypatch: pytest.MonkeyPatch,
+                                                       missing: tuple[str, ...]) -> None:
+    from verispec.telemetry.machine import CpuInfo
+
+    flags = frozenset(measure.KERNEL_FLAGS) - set(missing)
+    monkeypatch.setattr(measure, "cpu_info", lambda: CpuInfo("Test CPU", "6", "1", flags))
+    text = measure.machine_description()
+    assert text.startswith("Test CPU (family 6, model 1)")
+    assert ("(no amx_int8)" in text) == bool(missing)
+    assert "(no )" not in text

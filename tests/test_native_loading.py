@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from verispec.models.native import (
     kernels,
     load_native,
 )
+from verispec.models.native import linear
 from verispec.models.native.linear import Int4Linear, int4_available, int8_available
 from verispec.models.timing import pass_costs
 
@@ -120,12 +122,17 @@ def test_resolve_precision(monkeypatch: pytest.MonkeyPatch) -> None:
     vnni, avx2 = kernels.Int8Kernel("onednn", 8), kernels.Int8Kernel("fbgemm", 7)
     monkeypatch.setattr(kernels, "choose", lambda: (vnni, "onednn/8; proven"))
     assert resolve_precision("auto", cpu)[0] == "int8"
-    assert resolve_precision("auto", cpu, "draft")[0] == ("int4" if int4_available()
-                                                          else "int8")
-    monkeypatch.setattr(kernels, "choose", lambda: (avx2, "fbgemm/7; proven"))
+    for kernel in (vnni, avx2):  # the draft's format follows the measured step, both ways
+        monkeypatch.setattr(kernels, "choose", lambda k=kernel: (k, f"{k}; proven"))
+        monkeypatch.setattr(linear, "int4_draft_faster", lambda k: (True, "int4 0.1 ms"))
+        name, why = resolve_precision("auto", cpu, "draft")
+        assert name == ("int4" if int4_available() else "int8")
+        assert name == "int8" or "int4 0.1 ms" in why
+        monkeypatch.setattr(linear, "int4_draft_faster", lambda k: (False, "int8 0.1 ms"))
+        name, why = resolve_precision("auto", cpu, "draft")
+        assert name == "int8" and (not int4_available() or "int8 0.1 ms" in why)
     name, why = resolve_precision("auto", cpu)
     assert name == "int8" and "fbgemm/7" in why
-    assert resolve_precision("auto", cpu, "draft")[0] == "int8"  # int4 is slower on AVX2
     monkeypatch.setattr(kernels, "choose", lambda: (None, "no exact kernel here"))
     monkeypatch.setattr(loading, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert resolve_precision("auto", cpu)[0] == "bfloat16"
@@ -151,7 +158,28 @@ def test_auto_is_int8_on_every_x86_cpu_with_avx2() -> None:
     kernel, _ = kernels.choose()
     assert kernel is not None and resolve_precision("auto", cpu)[0] == "int8"
     draft = resolve_precision("auto", cpu, "draft")[0]
-    assert draft == ("int4" if kernel.bits == 8 and int4_available() else "int8")
+    assert draft == ("int4" if int4_available() and linear.int4_draft_faster(kernel)[0]
+                     else "int8")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the int8 table is for x86-64")
+def test_draft_format_is_timed_once_and_recorded(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """The int4 / int8 draft step comparison runs once per machine signature and is read
+    back from verispec's cache afterwards."""
+    kernel, _ = kernels.choose()
+    if kernel is None or not int4_available():
+        pytest.skip("needs an exact int8 kernel and the int4 kernel")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    faster, why = linear.int4_draft_faster(kernel)
+    assert re.search(r"int4 [0-9.]+ ms, int8 [0-9.]+ ms", why), why
+    assert list((tmp_path / "quantized").glob("draft-format-*.json"))
+
+    def no_timing(*_args: Any, **_kw: Any) -> float:
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(kernels, "median_seconds", no_timing)
+    assert linear.int4_draft_faster(kernel) == (faster, why)
 
 
 def test_load_model_runs_qwen2_dirs_natively(module: Any, tmp_path: Path) -> None:

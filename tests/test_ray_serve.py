@@ -96,6 +96,16 @@ def listener(port: int) -> str:
     raise AssertionError(f"nothing listens on port {port}")
 
 
+def first_line(proc: subprocess.Popen[str], timeout: float = START_TIMEOUT_S) -> str:
+    """The first line ``proc`` prints on stdout within ``timeout`` seconds ("" if none)."""
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.append(
+        proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return first[0] if first else ""
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
     """:func:`conftest.wait_for` at the pace of a Ray cluster (longer default, 0.1 s polls)."""
     conftest.wait_for(condition, timeout, what, poll=0.1)
@@ -185,12 +195,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
                                 cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        first: list[str] = []
-        reader = threading.Thread(target=lambda: first.append(
-            proc.stdout.readline() if proc.stdout else ""), daemon=True)
-        reader.start()
-        reader.join(START_TIMEOUT_S)
-        line = first[0] if first else ""
+        line = first_line(proc)
         assert f" on http://127.0.0.1:{port} " in line, (line, stderr.read_text()[-3000:])
         cl = Cluster(proc, port, control, stderr)
         wait_for(lambda: len(per_replica(cl.metrics(), "verispec_replica_info")) == 2,

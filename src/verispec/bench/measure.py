@@ -37,8 +37,9 @@ def machine_description() -> str:
     cpu = cpu_info()
     model, flags = f"{cpu.model_name} (family {cpu.family}, model {cpu.model})", cpu.flags
     have = [x for x in KERNEL_FLAGS if x in flags]
+    lacking = [x for x in KERNEL_FLAGS if x not in flags]
     text = (f"{model}, {os.cpu_count()} cores, flags {' '.join(have) or 'unknown'}"
-            f" (no {' '.join(x for x in KERNEL_FLAGS if x not in flags)})" if flags else model)
+            + (f" (no {' '.join(lacking)})" if lacking else "") if flags else model)
     caps = [f"{e}={os.environ[e]}" for e in ISA_ENV if os.environ.get(e)]
     if caps:  # a VNNI CPU dispatching as one without it
         text += f"; ISA capped ({' '.join(caps)}: emulated AVX2)"

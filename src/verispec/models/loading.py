@@ -118,10 +118,10 @@ def resolve_precision(precision: str, device: torch.device,
 
     ``auto``: on an x86-64 CPU where an int8 kernel of this torch is proven exact
     (:mod:`verispec.models.native.kernels`), int8 for a target; for a draft weight-only
-    int4 where the int8 kernel takes 8-bit codes (VNNI: there the int4 draft step is faster
-    than the int8 one) and the int4 kernel exists, int8 otherwise (on AVX2 alone the int4
-    kernel, with bfloat16 activations, is slower than int8); bfloat16 on CUDA with bf16
-    support or a CPU with native bf16 instructions; float32 otherwise.
+    int4 where the int4 kernel exists and steps faster than the int8 one on this CPU
+    (:func:`~verispec.models.native.linear.int4_draft_faster`, measured once and recorded),
+    int8 otherwise; bfloat16 on CUDA with bf16 support or a CPU with native bf16
+    instructions; float32 otherwise.
     ``int4`` is for drafts only: its rounding may depend on how many tokens a pass scores,
     which a draft may do (q is recorded in the pass that drew each token) and a target may
     not. Raises ValueError for an unknown precision or role, for int4 on a target and where
@@ -150,9 +150,14 @@ def resolve_precision(precision: str, device: torch.device,
     kernel, why = _int8_kernel(device)
     if kernel is None:
         return _auto_float(device)
-    if role == "draft" and kernel.bits == 8 and _int4_missing(device) is None:
-        return "int4", ("int4 (auto: a draft on an x86 CPU with VNNI; weight-only int4 "
-                        f"halves its weight traffic, its int8 form reads prompts; kernel {why})")
+    if role == "draft" and _int4_missing(device) is None:
+        from verispec.models.native.linear import int4_draft_faster
+
+        faster, timing = int4_draft_faster(kernel)
+        if faster:
+            return "int4", (f"int4 (auto: a draft steps faster in weight-only int4 here, "
+                            f"{timing}; its int8 form reads prompts; kernel {why})")
+        return "int8", f"int8 (auto: a draft steps faster in int8 here, {timing}; kernel {why})"
     return "int8", f"int8 (auto: kernel {why})"
 
 

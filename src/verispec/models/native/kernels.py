@@ -36,9 +36,11 @@ import platform
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,7 +49,7 @@ import verispec.models.native.onednn as onednn
 from verispec.telemetry.machine import cpu_info
 
 __all__ = ["KERNELS", "KERNEL_ENV", "Int8Kernel", "choose", "exactness_error", "parse",
-           "proven", "report", "signature", "varying_pass_sizes"]
+           "median_seconds", "proven", "recorded", "report", "signature", "varying_pass_sizes"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
 #: what oneDNN and fbgemm read to cap the instruction set they dispatch to
@@ -256,12 +258,7 @@ def _time(kernel: Int8Kernel) -> float:
     total = 0.0
     for rows in TIMING_ROWS:
         x, ones = torch.rand((rows, k), generator=g) * 2 - 1, torch.ones(rows, 1)
-        times = []
-        for _ in range(TIMING_REPEATS):
-            t0 = time.perf_counter()
-            matmul(kernel, packed, x, ones, scale, zeros, half)
-            times.append(time.perf_counter() - t0)
-        total += statistics.median(times[2:])
+        total += median_seconds(lambda: matmul(kernel, packed, x, ones, scale, zeros, half))  # noqa: B023
     return total
 
 
@@ -277,34 +274,62 @@ def signature() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _choice_file() -> Path:
+def _record_file(name: str) -> Path:
     from verispec.models.fetch import cache_dir
 
-    return cache_dir() / "quantized" / f"int8-kernel-{signature()}.json"
+    return cache_dir() / "quantized" / f"{name}-{signature()}.json"
+
+
+def _choice_file() -> Path:
+    return _record_file("int8-kernel")
+
+
+def recorded(name: str, measure: Callable[[], dict[str, Any]],
+             valid: Callable[[dict[str, Any]], bool] = lambda _: True) -> dict[str, Any]:
+    """A measurement made once per machine :func:`signature`: the record ``name`` in
+    verispec's cache directory where it exists and ``valid`` accepts it, else ``measure()``,
+    written there (atomically: a concurrent reader sees the old record or the new)."""
+    file = _record_file(name)
+    try:
+        record = json.loads(file.read_text())
+        if isinstance(record, dict) and valid(record):
+            return record
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    record = measure()
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(file)
+    except OSError:
+        pass
+    return record
+
+
+def median_seconds(call: Callable[[], object], repeats: int = TIMING_REPEATS) -> float:
+    """Median wall time of ``call()`` over ``repeats`` runs, the first two left out."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
 
 
 def _timed_choice(candidates: list[Int8Kernel]) -> tuple[Int8Kernel, str]:
     """The fastest of ``candidates``, timed once per machine signature and recorded."""
-    file = _choice_file()
-    try:
-        record = json.loads(file.read_text())
-        recorded = parse(record["kernel"])
-        if recorded in candidates:
-            return recorded, record["reason"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    times = {str(k): _time(k) for k in candidates}
-    best = min(candidates, key=lambda k: times[str(k)])
-    shown = ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in times.items())
-    reason = f"fastest here ({shown}; rows {'+'.join(map(str, TIMING_ROWS))})"
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"kernel": str(best), "reason": reason, "times": times}))
-        tmp.replace(file)  # atomic: a concurrent reader sees the old record or the new
-    except OSError:
-        pass
-    return best, reason
+    names = [str(k) for k in candidates]
+
+    def measure() -> dict[str, Any]:
+        times = {str(k): _time(k) for k in candidates}
+        best = min(candidates, key=lambda k: times[str(k)])
+        shown = ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in times.items())
+        reason = f"fastest here ({shown}; rows {'+'.join(map(str, TIMING_ROWS))})"
+        return {"kernel": str(best), "reason": reason, "times": times}
+
+    record = recorded("int8-kernel", measure, lambda r: r.get("kernel") in names)
+    return parse(record["kernel"]), str(record["reason"])
 
 
 def choose() -> tuple[Int8Kernel | None, str]:

@@ -45,8 +45,9 @@ import verispec.models.native.kernels as kernels
 import verispec.models.native.onednn as onednn
 from verispec.models.native.kernels import Int8Kernel
 
-__all__ = ["DenseLinear", "Int4Linear", "Int8Linear", "SubsetHead", "default_kernel",
-           "int4_available", "int8_available", "quantize_weight"]
+__all__ = ["DRAFT_TIMING_LAYERS", "DenseLinear", "Int4Linear", "Int8Linear", "SubsetHead",
+           "default_kernel", "int4_available", "int4_draft_faster", "int8_available",
+           "quantize_weight"]
 
 
 class DenseLinear:
@@ -301,6 +302,41 @@ class Int4Linear:
 
     def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
         return residual + self._linear(x)
+
+
+#: The layers of one draft step on which int4 and int8 are compared: [N, K] and how many a
+#: step runs, those of the embedded draft (Qwen2.5 0.5B: 24 layers of fused q/k/v, o, fused
+#: gate/up and down projections, and the tied 151,936-row head)
+DRAFT_TIMING_LAYERS = ((1152, 896, 24), (896, 896, 24), (9728, 896, 24), (896, 4864, 24),
+                       (151936, 896, 1))
+
+
+def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
+    """(whether weight-only int4 steps a draft faster than int8 on ``kernel`` here, the
+    timing as text): one row through random layers of :data:`DRAFT_TIMING_LAYERS` in each
+    format (medians of :data:`kernels.TIMING_REPEATS`, summed as a step runs them), measured
+    once per machine signature and recorded in verispec's cache (:func:`kernels.recorded`).
+    Which one wins depends on the CPU and the int8 kernel (int4 steps with bfloat16
+    activations, int8 with the kernel's codes); one layer alone does not decide it."""
+
+    def measure() -> dict[str, object]:
+        g = torch.Generator().manual_seed(0)
+        times = {"int8": 0.0, "int4": 0.0}
+        for n, k, count in DRAFT_TIMING_LAYERS:
+            w = torch.randn((n, k), generator=g) * 0.02  # [N, K]
+            x = torch.randn((1, k), generator=g)  # [1, K]
+            layers = {"int8": Int8Linear.from_int8(*quantize_weight(w), kernel=kernel),
+                      "int4": Int4Linear.quantize(w)}
+            for name, layer in layers.items():
+                times[name] += count * kernels.median_seconds(lambda f=layer: f(x))
+        return {"int4_faster": times["int4"] < times["int8"], "times": times}
+
+    record = kernels.recorded(f"draft-format-{kernel.library}-{kernel.bits}", measure,
+                              lambda r: isinstance(r.get("int4_faster"), bool))
+    times = record["times"]
+    shown = (f"the draft's layers, one row: int4 {times['int4'] * 1e3:.1f} ms, "
+             f"int8 {times['int8'] * 1e3:.1f} ms")
+    return bool(record["int4_faster"]), shown
 
 
 class SubsetHead:
