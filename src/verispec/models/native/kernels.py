@@ -20,11 +20,12 @@ Flags can mislead (a hypervisor may hide them; ``ONEDNN_MAX_CPU_ISA`` and
 ``avx512_vnni``), so every candidate proves itself: :func:`proven` runs an adversarial product
 (weights ±127, inputs at the extreme codes, both signs, several pass sizes) through it and
 keeps it only when the result is the exact integer product and every row of random layers
-comes out the same bit for bit whatever the pass size (:func:`varying_pass_sizes`). Among the proven kernels of the
-widest code width the fastest on this CPU is used (:func:`choose`, a short timing made once
-and recorded in verispec's cache directory); ``VERISPEC_INT8_KERNEL`` (e.g. ``fbgemm/7``)
-overrides the choice. The table :data:`KERNELS` has one entry per CPU architecture; an
-architecture without an entry (aarch64 today) gets no int8.
+comes out the same bit for bit whatever the pass size (:func:`varying_pass_sizes`). Among
+the proven kernels of the widest code width the fastest on this CPU is used (:func:`choose`,
+a short timing made once and recorded in verispec's cache directory);
+``VERISPEC_INT8_KERNEL`` (e.g. ``fbgemm/7``) overrides the choice. The table :data:`KERNELS`
+has one entry per CPU architecture; an architecture without an entry (aarch64 today) gets no
+int8.
 """
 
 from __future__ import annotations
@@ -258,7 +259,8 @@ def _time(kernel: Int8Kernel) -> float:
     total = 0.0
     for rows in TIMING_ROWS:
         x, ones = torch.rand((rows, k), generator=g) * 2 - 1, torch.ones(rows, 1)
-        total += median_seconds(lambda: matmul(kernel, packed, x, ones, scale, zeros, half))  # noqa: B023
+        total += median_seconds(
+            lambda: matmul(kernel, packed, x, ones, scale, zeros, half))  # noqa: B023
     return total
 
 

@@ -332,7 +332,8 @@ def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
         return {"int4_faster": times["int4"] < times["int8"], "times": times}
 
     record = kernels.recorded(f"draft-format-{kernel.library}-{kernel.bits}", measure,
-                              lambda r: isinstance(r.get("int4_faster"), bool))
+                              lambda r: isinstance(r.get("int4_faster"), bool)
+                              and {"int4", "int8"} <= set(r.get("times", {})))
     times = record["times"]
     shown = (f"the draft's layers, one row: int4 {times['int4'] * 1e3:.1f} ms, "
              f"int8 {times['int8'] * 1e3:.1f} ms")
