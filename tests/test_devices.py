@@ -21,6 +21,7 @@ reason, where torch sees no GPU. int8 and int4 are CPU kernels: on CUDA they are
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -91,8 +92,6 @@ def _prefix_pvalue(verify: Any, device: str) -> float:
         out[:, j] = torch.where(j < tau, x[:, min(j, x.shape[1] - 1)],
                                 torch.where(j == tau, y, z))
     observed = Counter(map(tuple, out.tolist()))
-    import itertools
-
     exact = {k: float(P_TAB[0][k[0]] * P_TAB[1][k[0], k[1]] * P_TAB[2][k[0], k[1], k[2]])
              for k in itertools.product(range(P_TAB[0].shape[0]), repeat=3)}
     return chi2_pvalue(observed, exact, N)
