@@ -2,8 +2,9 @@
 
 Nothing in the engine is CPU-only: the verifiers, the samplers, the native dense runtime
 (float32 and bfloat16), the slot pool and the batched engine take the device of the target's
-logits. Each test runs on ``cpu`` and on ``cuda``; the CUDA cases are skipped, with that
-reason, where torch sees no GPU. int8 and int4 are CPU kernels: on CUDA they are refused
+logits. Each test runs on ``cpu`` and on ``cuda`` (the one-step tests on ``cuda`` only: their
+CPU case is ``test_statistical``'s); the CUDA cases are skipped, with that reason, where
+torch sees no GPU. int8 and int4 are CPU kernels: on CUDA they are refused
 (asserted here, on both sides).
 
 1. One verification step of 200,000 drafts through ``token_verify`` / ``block_verify`` with
@@ -21,7 +22,6 @@ reason, where torch sees no GPU. int8 and int4 are CPU kernels: on CUDA they are
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from typing import Any
 
@@ -29,12 +29,9 @@ import pytest
 import torch
 from conftest import TinyTokenizer, make_tiny_model
 from test_statistical import (
-    N,
     P_FAIL,
     P_PASS,
-    P_TAB,
-    _one_step_inputs,
-    _rows,
+    _emitted_prefix_law_pvalue,
     chi2_pvalue,
     residual_p_verify,
 )
@@ -47,22 +44,18 @@ from verispec.engine.request import Request
 from verispec.methods import METHODS, build_method
 from verispec.models.native import NativeCausalLM, from_hf_module
 from verispec.plan import make_drafter
-from verispec.sampling import Randomness, Sampling, sample_from
-from verispec.verify import VerifyResult, block_verify, token_verify
+from verispec.sampling import Randomness, Sampling
+from verispec.verify import block_verify, token_verify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 NO_GPU = "no CUDA device in this torch (the CPU case runs the same assertions)"
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason=NO_GPU))]
+ON_CUDA = DEVICES[1:]  # tests whose CPU case is test_statistical's own
 LAW_RUNS = 4000
 LAW_ROWS = 64
 PROMPT = [3, 17, 42, 5]
-
-
-def _native(seed: int, device: str, precision: str = "float32") -> NativeCausalLM:
-    return from_hf_module(make_tiny_model(seed), TinyTokenizer(), f"tiny-{seed}", precision,
-                          device=device)
 
 
 @pytest.fixture(scope="module")
@@ -70,42 +63,26 @@ def modules() -> dict[int, Any]:
     return {0: make_tiny_model(0), 1: make_tiny_model(1)}
 
 
+def _native(module: Any, device: str, precision: str = "float32") -> NativeCausalLM:
+    return from_hf_module(module, TinyTokenizer(), f"tiny-{precision}", precision,
+                          device=device)
+
+
 def _pair(modules: dict[int, Any], device: str) -> tuple[NativeCausalLM, NativeCausalLM]:
-    return tuple(from_hf_module(modules[s], TinyTokenizer(), f"tiny-{s}", "float32",
-                                device=device) for s in (0, 1))  # type: ignore[return-value]
+    return _native(modules[0], device), _native(modules[1], device)
 
 
 # 1. One verification step ----------------------------------------------------------------
 
-def _prefix_pvalue(verify: Any, device: str) -> float:
-    """The emitted prefix (X^τ, Y) completed by target samples, against p, with the verify
-    step on ``device`` (the completion samples on the CPU)."""
-    p, q, x, g = _one_step_inputs(seed=10)  # p [N, γ+1, V], q [N, γ, V], x [N, γ]
-    dev = torch.device(device)
-    g_dev = torch.Generator(device=dev).manual_seed(11)
-    res: VerifyResult = verify(p.to(dev), q.to(dev), x.to(dev), g_dev)
-    assert res.next_token.device.type == dev.type
-    tau, y = res.num_accepted.cpu(), res.next_token.cpu()  # [N], [N]
-    out = torch.empty((N, 3), dtype=torch.int64)
-    for j in range(3):
-        z = sample_from(_rows(P_TAB, out, j), g)
-        out[:, j] = torch.where(j < tau, x[:, min(j, x.shape[1] - 1)],
-                                torch.where(j == tau, y, z))
-    observed = Counter(map(tuple, out.tolist()))
-    exact = {k: float(P_TAB[0][k[0]] * P_TAB[1][k[0], k[1]] * P_TAB[2][k[0], k[1], k[2]])
-             for k in itertools.product(range(P_TAB[0].shape[0]), repeat=3)}
-    return chi2_pvalue(observed, exact, N)
-
-
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ON_CUDA)
 @pytest.mark.parametrize("verify", [token_verify, block_verify], ids=["token", "block"])
 def test_verifiers_follow_the_target_on_the_device(verify: Any, device: str) -> None:
-    assert _prefix_pvalue(verify, device) > P_PASS
+    assert _emitted_prefix_law_pvalue(verify, 10, device) > P_PASS
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ON_CUDA)
 def test_a_wrong_residual_is_caught_on_the_device(device: str) -> None:
-    assert _prefix_pvalue(residual_p_verify, device) < P_FAIL
+    assert _emitted_prefix_law_pvalue(residual_p_verify, 10, device) < P_FAIL
 
 
 # 2. The native dense runtime ---------------------------------------------------------------
@@ -120,18 +97,18 @@ def _logits(model: NativeCausalLM, ids: list[int]) -> torch.Tensor:
 def test_native_logits_on_the_device_equal_the_cpus(modules: dict[int, Any],
                                                     device: str) -> None:
     ids = PROMPT * 5
-    reference = _logits(from_hf_module(modules[0], TinyTokenizer(), "cpu"), ids)  # [k, V]
-    here = _logits(_native(0, device), ids)
+    reference = _logits(_native(modules[0], "cpu"), ids)  # [k, V]
+    here = _logits(_native(modules[0], device), ids)
     scale = float(reference.abs().max())
     assert float((here - reference).abs().max()) <= 1e-5 * scale
-    half = _logits(_native(0, device, "bfloat16"), ids)
+    half = _logits(_native(modules[0], device, "bfloat16"), ids)
     assert float((half - reference).abs().max()) <= 5e-2 * scale
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_native_pass_of_k_tokens_equals_one_at_a_time(modules: dict[int, Any],
                                                       device: str) -> None:
-    model = _native(0, device)
+    model = _native(modules[0], device)
     ids = PROMPT * 3
     whole = _logits(model, ids)  # [k, V]
     model.reset()
@@ -142,11 +119,12 @@ def test_native_pass_of_k_tokens_equals_one_at_a_time(modules: dict[int, Any],
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-def test_cpu_kernels_are_refused_on_cuda_and_allowed_on_the_cpu(device: str,
+def test_cpu_kernels_are_refused_on_cuda_and_allowed_on_the_cpu(modules: dict[int, Any],
+                                                                device: str,
                                                                 precision: str) -> None:
     from verispec.models.native.linear import int4_available, int8_available
 
-    module = make_tiny_model(0)
+    module = modules[0]
     if device == "cuda":
         with pytest.raises(ValueError, match="cuda"):
             from_hf_module(module, TinyTokenizer(), "t", precision, device=device)
@@ -172,7 +150,7 @@ def test_every_method_runs_on_the_device_and_lossless_ones_keep_ar_greedy(
     assert ar == cpu_ar
     for name, info in METHODS.items():
         if name in ("ar", "pearl"):
-            continue  # pearl: own processes, below
+            continue  # pearl runs worker processes of its own (tests/test_pearl.py)
         gamma = 3 if info.uses_draft else None
         out = generate(target, draft, PROMPT, method=name, gamma=gamma, temperature=0,
                        max_new_tokens=12, seed=1)

@@ -1,6 +1,6 @@
 """``verispec serve --address``: the app joins a running Ray cluster of two nodes.
 
-Both nodes run on this machine on loopback (Ray's ``cluster_utils.Cluster``, one CPU each),
+Both nodes run on one machine on loopback (Ray's ``cluster_utils.Cluster``, one CPU each),
 so two engine replicas that reserve one CPU each can only both run on different nodes: the
 requests cross nodes as they would across machines. The server stops at SIGINT and leaves
 the cluster running; the test then stops exactly this cluster's processes (never

@@ -125,10 +125,19 @@ def block_with_break_verify(p: Tensor, q: Tensor, x: Tensor, g: torch.Generator
     return draw(VerifyPlan(plan.accept_probs, plan.residuals, "first_reject"), g)
 
 
-def _emitted_prefix_law_pvalue(verify: Callable[..., VerifyResult], seed: int) -> float:
+def _emitted_prefix_law_pvalue(verify: Callable[..., VerifyResult], seed: int,
+                               device: str = "cpu") -> float:
+    """The emitted prefix's law against p; on another ``device`` the verify step runs there
+    with a generator of its own (the drafts and the completion samples stay on the CPU)."""
     p, q, x, g = _one_step_inputs(seed)
-    res = verify(p, q, x, g)
-    tau, y = res.num_accepted, res.next_token
+    if device == "cpu":
+        res = verify(p, q, x, g)
+    else:
+        dev = torch.device(device)
+        res = verify(p.to(dev), q.to(dev), x.to(dev),
+                     torch.Generator(device=dev).manual_seed(seed + 1))
+        assert res.next_token.device.type == dev.type
+    tau, y = res.num_accepted.cpu(), res.next_token.cpu()  # [N], [N]
     out = torch.empty((N, 3), dtype=torch.int64)  # O_1..O_3 = (X^τ, Y, Z...)
     for j in range(3):
         z = sample_from(_rows(P_TAB, out, j), g)  # Z_j ~ p(· | O^j) if O_j is not emitted
