@@ -288,6 +288,30 @@ def test_paired_intervals_treat_prompts_as_the_unit():
     assert "no interval" in paired.format_interval([("x", 1.2)])
 
 
+# ---------------------------------------------------------------- benchmarks/gamma_replay.py
+
+
+def test_gamma_replay_keeps_the_run_of_matches_and_charges_each_pass():
+    """A replayed iteration keeps the matches from its start up to the first mismatch (at
+    most γ) plus the target's own token, and costs γ draft steps and a (γ + 1)-token pass;
+    the draft reads the context once, at its first draft."""
+    replay = _script("gamma_replay")
+    from verispec.engine.gamma import AutoGamma, FixedGamma, PassCosts
+
+    costs = PassCosts({1: 1.0, 2: 1.5, 3: 2.0}, draft=0.25, draft_prefill=0.01)
+    match = [True, True, False, True, True, True, True, False]
+    # γ 2 from 0: keeps 2 (positions 0, 1), emits 3 -> 3; keeps 2 -> 6; room for γ 1 -> 8
+    expect = 10 * 0.01 + 2 * (2 * 0.25 + 2.0) + (0.25 + 1.5)
+    assert replay.replay(match, 10, FixedGamma(2), costs) == pytest.approx(expect)
+    assert replay.replay(match, 10, FixedGamma(0), costs) == pytest.approx(8 * 1.0)
+    # a mismatch at the first drafted position keeps nothing: every iteration emits one token
+    assert replay.replay([False] * 4, 0, FixedGamma(1), costs) == pytest.approx(3 * 1.75 + 1.0)
+    matches = {"a": (10, match), "b": (5, [True] * 6)}
+    assert replay.speedup(matches, costs, lambda h: FixedGamma(0)) == pytest.approx(1.0)
+    gain = replay.speedup(matches, costs, lambda h: AutoGamma(costs, history=h))
+    assert gain > 1.0  # drafting pays on these costs and matches
+
+
 def test_categories_script_has_decode_figures_for_llamacpp_with_prefill_seconds():
     categories = _script("categories")
     rows = []

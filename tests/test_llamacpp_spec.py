@@ -351,6 +351,11 @@ def test_speculative_binary_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     binary.write_text("")
     assert L.speculative_binary() is None  # no build.json: unfinished build
     (root / "build.json").write_text("{}")
+    assert L.speculative_binary() is None  # flags unrecorded: built by an older verispec
+    old = [f for f in SPEC.SPEC_CMAKE_FLAGS if "amx" not in f]
+    (root / "build.json").write_text(json.dumps({"cmake_flags": old}))
+    assert L.speculative_binary() is None  # other flags: build-spec makes it again
+    (root / "build.json").write_text(json.dumps({"cmake_flags": list(SPEC.SPEC_CMAKE_FLAGS)}))
     assert L.speculative_binary() == binary
     own = tmp_path / "own-spec"
     own.write_text("#!/bin/sh\n")

@@ -8,6 +8,7 @@ Fast tests use the tiny random Qwen2 modules of ``conftest.make_tiny_model`` (no
 from __future__ import annotations
 
 import copy
+import json
 import platform
 import re
 from pathlib import Path
@@ -180,6 +181,25 @@ def test_draft_format_is_timed_once_and_recorded(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(kernels, "median_seconds", no_timing)
     assert linear.int4_draft_faster(kernel) == (faster, why)
+
+
+def test_a_draft_format_record_of_other_layers_is_measured_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A record whose timing covered other layers (one layer alone, say) is not served: the
+    comparison runs again on :data:`DRAFT_TIMING_LAYERS` and records them."""
+    if not int4_available():
+        pytest.skip("needs the int4 kernel")
+    kernel = kernels.parse("fbgemm/7")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "DRAFT_TIMING_LAYERS", ((64, 32, 3), (32, 64, 2)))
+    monkeypatch.setattr(kernels, "median_seconds", lambda call, *a: 1e-3)
+    file = tmp_path / "quantized" / f"draft-format-fbgemm-7-{kernels.signature()}.json"
+    file.parent.mkdir(parents=True)
+    file.write_text('{"int4_faster": true, "times": {"int8": 2e-4, "int4": 1e-4}}')
+    faster, why = linear.int4_draft_faster(kernel)
+    assert not faster, why  # timed again: equal times, so int4 is not faster
+    assert "int4 5.0 ms, int8 5.0 ms" in why, why
+    assert json.loads(file.read_text())["layers"] == [[64, 32, 3], [32, 64, 2]]
 
 
 def test_load_model_runs_qwen2_dirs_natively(module: Any, tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="numeric format of both models; auto picks int8 on an x86-64 CPU "
                         "where an int8 kernel is proven exact (8-bit activation codes with "
-                        "VNNI, 7-bit without; int4 for the draft with VNNI), bfloat16 on a "
+                        "VNNI, 7-bit without; weight-only int4 for the draft where a timing of "
+                        "its layers finds it faster), bfloat16 on a "
                         "GPU or a CPU with native bf16, float32 otherwise (the choice is "
                         "printed); int4 (weight-only) is for drafts only; "
                         "VERISPEC_INT8_KERNEL=library/bits overrides the int8 kernel")

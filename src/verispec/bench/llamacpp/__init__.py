@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = llamacpp_available()
         state = f"usable, version {_installed_version()}" if reason is None else reason
         print(f"llama-cpp-python: {state}")
-        print(f"{SPEC_TARGET}: {speculative_binary() or 'not built'}")
+        print(f"{SPEC_TARGET}: {speculative_binary() or 'not built with the current flags'}")
         return 0 if reason is None else 1
     path = build_speculative(source=args.source, jobs=args.jobs, force=args.force,
                              progress=lambda m: print(m, file=sys.stderr))

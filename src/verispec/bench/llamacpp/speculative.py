@@ -98,8 +98,10 @@ def _build_root(version: str | None = None) -> Path:
 
 def speculative_binary() -> Path | None:
     """The ``llama-speculative-simple`` to run: ``$VERISPEC_LLAMA_SPECULATIVE`` if set, else the
-    build in ``<cache>/llama.cpp/llama-cpp-python-<version>/build/bin/`` if complete; None
-    when there is none yet."""
+    build in ``<cache>/llama.cpp/llama-cpp-python-<version>/build/bin/`` if complete and made
+    with today's ``SPEC_CMAKE_FLAGS`` (an older build may carry ggml's AMX backend, which
+    crashes on an AMX CPU); None when there is none such yet (:func:`build_speculative`
+    makes it)."""
     env = os.environ.get(BINARY_ENV)
     if env:
         path = Path(env).expanduser()
@@ -108,7 +110,7 @@ def speculative_binary() -> Path | None:
         return path
     root = _build_root()
     binary = root / "build" / "bin" / SPEC_TARGET
-    if (root / "build.json").is_file() and binary.is_file():
+    if binary.is_file() and _built_flags(root) == list(SPEC_CMAKE_FLAGS):
         return binary
     return None
 

@@ -329,11 +329,15 @@ def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
                       "int4": Int4Linear.quantize(w)}
             for name, layer in layers.items():
                 times[name] += count * kernels.median_seconds(lambda f=layer: f(x))
-        return {"int4_faster": times["int4"] < times["int8"], "times": times}
+        return {"int4_faster": times["int4"] < times["int8"], "times": times,
+                "layers": layers_timed}
 
+    # a record is served only if it timed these same layers (not, say, one layer alone)
+    layers_timed = [list(shape) for shape in DRAFT_TIMING_LAYERS]
     record = kernels.recorded(f"draft-format-{kernel.library}-{kernel.bits}", measure,
                               lambda r: isinstance(r.get("int4_faster"), bool)
-                              and {"int4", "int8"} <= set(r.get("times", {})))
+                              and {"int4", "int8"} <= set(r.get("times", {}))
+                              and r.get("layers") == layers_timed)
     times = record["times"]
     shown = (f"the draft's layers, one row: int4 {times['int4'] * 1e3:.1f} ms, "
              f"int8 {times['int8'] * 1e3:.1f} ms")
