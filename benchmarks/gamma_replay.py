@@ -10,7 +10,7 @@ tokens (the pass costs timed here, or given). Every policy below is replayed on 
 match sequences, prompt after prompt, with the pair's history carried along as the engine
 carries it; the replay leaves out the engine's own time per iteration.
 
-    python benchmarks/gamma_replay.py docs/reports/main-bench-humaneval-xeon-amx-int8-draft-results.jsonl
+    python benchmarks/gamma_replay.py RESULTS.jsonl [--costs 99.7,118.7,143.3,193.4,37.8]
 
 Prints the share of matching positions, then per policy (fixed γ and ``AutoGamma``) the
 speed over ``ar``: the geometric mean over prompts of each prompt's ratio, as the bench
@@ -23,11 +23,13 @@ import argparse
 import json
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from verispec.bench.suites import encode, load_suite
 from verispec.engine.gamma import AutoGamma, FixedGamma, GammaPolicy, PairHistory, PassCosts
+from verispec.models.base import CausalLM
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, model_path
 from verispec.models.native import load_native
 from verispec.models.timing import interleaved_costs, prefill_cost
@@ -46,14 +48,14 @@ def greedy_outputs(results: str) -> dict[str, list[int]]:
     return out
 
 
-def draft_matches(outputs: dict[str, list[int]], draft: object,
-                  tokenizer: object) -> dict[str, tuple[int, list[bool]]]:
+def draft_matches(outputs: dict[str, list[int]], draft: CausalLM,
+                  tokenizer: Any) -> dict[str, tuple[int, list[bool]]]:
     """prompt id -> (prompt tokens, whether the draft's greedy guess equals each output token)."""
     prompts = {p.id: p for p in load_suite("humaneval")}
     found = {}
     for pid, output in outputs.items():
         ids = encode(prompts[pid], tokenizer)
-        row = draft.spawn()  # type: ignore[attr-defined]
+        row = draft.spawn()
         row.add_rows([ids[:-1]])
         logits = row.extend([[ids[-1]] + output[:-1]])  # [1, n, V]: position j guesses output[j]
         guess = logits[0].argmax(-1).tolist()
@@ -112,7 +114,8 @@ def main() -> None:
     share = sum(sum(m) for _, m in matches.values()) / sum(len(m) for _, m in matches.values())
     print(f"{len(matches)} prompts, {share:.1%} of the positions match; costs: {costs.describe()}")
     for gamma in FIXED:
-        print(f"fixed γ {gamma}: {speedup(matches, costs, lambda h, g=gamma: FixedGamma(g)):.3f}× ar")
+        fixed = speedup(matches, costs, lambda h, g=gamma: FixedGamma(g))
+        print(f"fixed γ {gamma}: {fixed:.3f}× ar")
     auto = speedup(matches, costs, lambda h: AutoGamma(costs, history=h))
     print(f"γ auto: {auto:.3f}× ar")
 
