@@ -108,11 +108,7 @@ def speculative_binary() -> Path | None:
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise FileNotFoundError(f"${BINARY_ENV}={env} is not an executable file")
         return path
-    root = _build_root()
-    binary = root / "build" / "bin" / SPEC_TARGET
-    if binary.is_file() and _built_flags(root) == list(SPEC_CMAKE_FLAGS):
-        return binary
-    return None
+    return _current_build(_build_root())
 
 
 def _say(progress: Progress | None, msg: str) -> None:
@@ -165,12 +161,15 @@ def _vendored_source(root: Path, version: str, source: Path | None,
     return src
 
 
-def _built_flags(root: Path) -> list[str] | None:
-    """The CMake flags of the finished build under ``root`` (None: no finished build)."""
+def _current_build(root: Path) -> Path | None:
+    """The binary of the finished build under ``root`` if it was made with today's
+    ``SPEC_CMAKE_FLAGS`` (None: no finished build, or one made with other flags)."""
+    binary = root / "build" / "bin" / SPEC_TARGET
     try:
-        return list(json.loads((root / "build.json").read_text("utf-8"))["cmake_flags"])
+        flags = list(json.loads((root / "build.json").read_text("utf-8"))["cmake_flags"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return binary if binary.is_file() and flags == list(SPEC_CMAKE_FLAGS) else None
 
 
 def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int | None = None,
@@ -183,8 +182,8 @@ def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int
     version = _installed_version() or LLAMA_CPP_PYTHON_VERSION
     root = _build_root(version)
     binary = root / "build" / "bin" / SPEC_TARGET
-    if not force and binary.is_file() and _built_flags(root) == list(SPEC_CMAKE_FLAGS):
-        return binary
+    if not force and (current := _current_build(root)) is not None:
+        return current
     cmake = shutil.which("cmake")
     if cmake is None:
         raise RuntimeError("building llama-speculative-simple needs cmake (and a C++ compiler); "
