@@ -53,12 +53,16 @@ def native(module: Any, precision: str = "float32") -> NativeCausalLM:
 
 
 def native_int8(module: Any, kernel: kernels.Int8Kernel) -> NativeCausalLM:
-    """The tiny module in int8 on one given kernel."""
+    """The tiny module in int8 on one given kernel; a mixed kernel runs one-row passes on
+    its first library and every wider pass on its second (so a test that compares pass
+    sizes compares the two libraries)."""
     from verispec.models.native.config import NativeConfig
-    from verispec.models.native.weights import build_int8, int8_state, module_tensors
+    from verispec.models.native.weights import build_int8, int8_layers, int8_state, module_tensors
 
     config = NativeConfig.from_hf(module.config)
     net = build_int8(config, int8_state(config, module_tensors(module)), kernel)
+    for layer in int8_layers(net):
+        layer.wide_from = 2
     return NativeCausalLM(net, TinyTokenizer(), str(kernel), precision="int8")
 
 

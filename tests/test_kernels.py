@@ -119,9 +119,9 @@ def test_isa_caps_make_any_cpu_behave_as_avx2() -> None:
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300, check=True)
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert sorted(out["proven"]) == ["fbgemm/7", "onednn/7"]
+    assert sorted(out["proven"]) == ["fbgemm+onednn/7", "fbgemm/7", "onednn/7"]
     assert out["error8"] > 1e-2 and out["refused"]
-    assert out["chosen"] in ("fbgemm/7", "onednn/7")
+    assert out["chosen"] == "fbgemm+onednn/7"  # the libraries agree: passes split by size
     assert out["report"][0] == "ISA caps: " + ", ".join(f"{e}={v}" for e, v in ISA_CAPS.items())
     for library in ("onednn", "fbgemm"):
         assert any(line.startswith(f"| {library} | 8 bits |") and line.endswith("| refused |")
@@ -143,7 +143,8 @@ def test_the_cli_reports_every_kernel_its_verdict_and_the_choice(
     text = out.getvalue()
     for kernel in KERNELS["x86_64"]:
         verdict = "exact" if kernel in kernels.proven() else "refused"
-        assert re.search(rf"^\| {kernel.library} \| {kernel.bits} bits \| [^|]+ \| {verdict} \|$",
+        name = re.escape("+".join(kernel.libraries))
+        assert re.search(rf"^\| {name} \| {kernel.bits} bits \| [^|]+ \| {verdict} \|$",
                          text, re.MULTILINE), kernel
     assert f"chosen: {kernels.choose()[0]} (" in text
 
@@ -172,19 +173,42 @@ def test_unknown_kernel_names_are_refused(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @x86
-def test_timed_choice_is_recorded_and_reused(monkeypatch: pytest.MonkeyPatch,
-                                             tmp_path: Path) -> None:
-    """The fastest of the widest proven kernels is timed once per machine signature, written
-    to verispec's cache and read back instead of timing again."""
+def test_a_proven_mixed_kernel_is_chosen_without_a_machine_timing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where the two libraries of a code width agree bit for bit, the mixed kernel is
+    chosen and nothing is timed per machine (its split is timed per model at load)."""
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     monkeypatch.delenv(kernels.KERNEL_ENV, raising=False)
     widest = max(k.bits for k in kernels.proven())
-    if len([k for k in kernels.proven() if k.bits == widest]) < 2:
-        pytest.skip("one proven kernel of the widest code width: nothing to time")
+    mixed = [k for k in kernels.proven() if k.bits == widest and k.wide is not None]
+    if not mixed:
+        pytest.skip("no mixed kernel is proven in this torch")
+
+    def no_timing(_kernel: Int8Kernel) -> float:
+        raise AssertionError("timed per machine")
+
+    monkeypatch.setattr(kernels, "_time", no_timing)
+    kernel, why = kernels.choose()
+    assert kernel == mixed[0] and "agree bit for bit" in why
+    assert not kernels._choice_file().exists()
+
+
+@x86
+def test_timed_choice_is_recorded_and_reused(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    """Without a mixed kernel, the fastest of the widest proven kernels is timed once per
+    machine signature, written to verispec's cache and read back instead of timing again."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv(kernels.KERNEL_ENV, raising=False)
+    widest = max(k.bits for k in kernels.proven())
+    single = [k for k in kernels.proven() if k.bits == widest and k.wide is None]
+    if len(single) < 2:
+        pytest.skip("one proven library of the widest code width: nothing to time")
+    monkeypatch.setattr(kernels, "proven", lambda: tuple(single))
     first, why = kernels.choose()
     record = json.loads(kernels._choice_file().read_text())
     assert record["kernel"] == str(first) and "fastest here" in why
-    assert set(record["times"]) == {str(k) for k in kernels.proven() if k.bits == widest}
+    assert set(record["times"]) == {str(k) for k in single}
 
     def no_timing(_kernel: Int8Kernel) -> float:
         raise AssertionError("timed again")

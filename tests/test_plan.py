@@ -121,3 +121,29 @@ def test_no_second_copy_of_the_rule_in_the_sources() -> None:
     found = [str(p.relative_to(src)) for p in src.rglob("*.py")
              if p.name != "plan.py" and pattern.search(p.read_text(encoding="utf-8"))]
     assert found == []
+
+
+def test_batch_grids_are_shared_between_nearby_batch_sizes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of 3 rows is timed on the grid up to 4 (and interpolated), a batch of 4 or 2
+    then reuses it, a wider batch times the next grid once, and a narrower one reuses it."""
+    import verispec.plan as plan
+
+    class Model:  # a stand-in: the grids are held per (target, draft) object
+        pass
+
+    timed: list[tuple[int, ...]] = []
+
+    def fake(target: object, draft: object, *, rows: tuple[int, ...]) -> tuple[int, ...]:
+        timed.append(rows)
+        return rows
+
+    monkeypatch.setattr(plan, "measure_costs", fake)
+    target, draft = Model(), Model()
+    assert plan.pair_costs(target, draft, 3) == (1, 2, 4)
+    assert plan.pair_costs(target, draft, 4) == (1, 2, 4)
+    assert plan.pair_costs(target, draft, 2) == (1, 2, 4)
+    assert plan.pair_costs(target, draft, 6) == (1, 2, 4, 8)
+    assert plan.pair_costs(target, draft, 5) == (1, 2, 4, 8)
+    assert plan.pair_costs(target, draft, 12) == (1, 2, 4, 8, 12)
+    assert timed == [(1, 2, 4), (1, 2, 4, 8), (1, 2, 4, 8, 12)]

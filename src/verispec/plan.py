@@ -270,14 +270,21 @@ _HISTORY: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM
 
 
 def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
-    """The pair's measured pass costs (V(k), c), with the batched grid up to ``rows`` rows
-    (:data:`~verispec.engine.costs.BATCH_ROWS` below it, and ``rows`` itself), timed once
-    per machine, pair and grid (kept on disk) and held per process."""
-    grid = tuple(sorted({1, rows, *(r for r in BATCH_ROWS if r < rows)}))
+    """The pair's measured pass costs (V(k), c), with a batched grid that reaches ``rows``
+    rows, timed once per machine, pair and grid (kept on disk) and held per process.
+
+    A grid this process already holds that reaches ``rows`` serves it; else the grid is
+    :data:`~verispec.engine.costs.BATCH_ROWS` up to the first entry ≥ ``rows`` (``rows``
+    itself beyond them), so batches of 3 and 4 rows share one grid (3 is interpolated)
+    instead of each timing its own."""
     per_draft = _COSTS.setdefault(target, weakref.WeakKeyDictionary())
     held = per_draft.setdefault(draft, {})
-    if grid not in held:
-        held[grid] = measure_costs(target, draft, rows=grid)
+    reaching = [g for g in held if g[-1] >= rows]
+    if reaching:
+        return held[min(reaching, key=lambda g: g[-1])]
+    top = next((r for r in BATCH_ROWS if r >= rows), rows)
+    grid = tuple(sorted({1, top, *(r for r in BATCH_ROWS if r < top)}))
+    held[grid] = measure_costs(target, draft, rows=grid)
     return held[grid]
 
 

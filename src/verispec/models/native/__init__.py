@@ -20,7 +20,12 @@ import torch
 from torch import Tensor
 
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
-from verispec.models.native.linear import default_kernel, int4_available, int8_available
+from verispec.models.native.linear import (
+    default_kernel,
+    int4_available,
+    int8_available,
+    split_pass_sizes,
+)
 from verispec.models.native.lm import NativeCausalLM
 from verispec.models.native.model import Transformer
 from verispec.models.native.weights import (
@@ -31,6 +36,7 @@ from verispec.models.native.weights import (
     cache_file,
     dir_tensors,
     int4_state,
+    int8_layers,
     int8_state,
     load_cache,
     module_tensors,
@@ -120,10 +126,12 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     with torch.no_grad():
         if precision == "int8":
             net = build_int8(config, int8_state(config, get, vocabulary=ids, **blocks))
+            split_pass_sizes(int8_layers(net))
         elif precision == "int4":
             net = build_int4(config, int4_state(config, get, ids))
             if int8_available():  # prompts are read faster by the int8 kernel
                 prefill = build_int8(config, int8_state(config, get, vocabulary=ids, **blocks))
+                split_pass_sizes(int8_layers(prefill))
         else:
             net = build_dense(config, get, DTYPES[precision], dev, ids)
     return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision,
@@ -198,17 +206,19 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
     """The int8 or int4 model of ``path`` (an lm_head over ``ids`` only, when given), from
     its cache file when valid (else made and cached)."""
     kernel = default_kernel() if precision == "int8" else None
-    build = build_int8 if precision == "int8" else build_int4
     state = (load_cache(path, precision, kernel, ids, online_rotations=online_rotations)
              if cache else None)
+    file = cache_file(path, precision, kernel, ids, online_rotations=online_rotations)
     if state is not None:
         try:
-            return build(config, state, kernel) if kernel else build(config, state)
+            if kernel is None:
+                return build_int4(config, state)
+            net = build_int8(config, state, kernel)
+            return _split(net, file if cache else None, say)
         except (RuntimeError, ValueError) as e:  # packed weights this torch cannot rebuild
             say(f"ignoring the cached {precision} weights: {e}")
     what = f"{precision} ({kernel})" if kernel else precision
-    where = cache_file(path, precision, kernel, ids, online_rotations=online_rotations).parent
-    say(f"quantizing {path.name} to {what} (once; cached in {where})")
+    say(f"quantizing {path.name} to {what} (once; cached in {file.parent})")
     if kernel is not None:
         state = int8_state(config, dir_tensors(path), progress, vocabulary=ids,
                            **_online_blocks(online_rotations))
@@ -224,4 +234,12 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
             say(f"saved {saved.name} ({saved.stat().st_size / 2**30:.2f} GiB)")
         except OSError as e:
             say(f"could not cache the {precision} weights: {e}")
+    return net if kernel is None else _split(net, file if cache else None, say)
+
+
+def _split(net: Transformer, file: Path | None, say: Callable[[str], None]) -> Transformer:
+    """``net`` with its int8 passes split between a mixed kernel's libraries
+    (:func:`split_pass_sizes`), timed once per cache ``file`` (None: timed, not kept)."""
+    record = None if file is None else f"{file.parent.name}/{file.stem.rsplit('-', 1)[0]}-passes"
+    say(split_pass_sizes(int8_layers(net), record))
     return net

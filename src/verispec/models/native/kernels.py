@@ -26,6 +26,18 @@ a short timing made once and recorded in verispec's cache directory);
 ``VERISPEC_INT8_KERNEL`` (e.g. ``fbgemm/7``) overrides the choice. The table :data:`KERNELS`
 has one entry per CPU architecture; an architecture without an entry (aarch64 today) gets no
 int8.
+
+**One epilogue for every library.** Both libraries are given the same codes (quantized here,
+rounding half up) and unit weight scales, so each returns float32(Σ (code − zero)·w), the
+exact integer dot product rounded once; the per-channel and per-code scales are applied
+afterwards, the same way for every library. Two libraries then compute the same layer bit
+for bit, and a **mixed** kernel (``fbgemm+onednn/8``) may run each pass on the library that
+is faster for its number of rows: fbgemm's matrix-vector code for one-row decoding steps,
+oneDNN's (AMX or VNNI) matrix-matrix code for the passes that score several tokens.
+Where one library is faster at a pass size depends on the CPU and on the model (a model's
+weights stream from memory, which a single small layer does not show), so the rows from
+which the second library runs are timed on the model's own layers at its first load
+(:func:`verispec.models.native.linear.split_pass_sizes`).
 """
 
 from __future__ import annotations
@@ -49,14 +61,19 @@ from torch import Tensor
 import verispec.models.native.onednn as onednn
 from verispec.telemetry.machine import cpu_info
 
-__all__ = ["KERNELS", "KERNEL_ENV", "Int8Kernel", "choose", "exactness_error", "parse",
-           "median_seconds", "proven", "recorded", "report", "signature", "varying_pass_sizes"]
+__all__ = ["ALL_ROWS", "KERNELS", "KERNEL_ENV", "NO_ROWS", "Int8Kernel", "choose",
+           "exactness_error", "matmul", "median_seconds", "pack", "pack_all", "parse", "proven",
+           "recorded", "report", "signature", "varying_pass_sizes"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
 #: what oneDNN and fbgemm read to cap the instruction set they dispatch to
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
 SELF_TEST_K = 256  # input width of the adversarial product (|result| < 2^24: exact in float32)
 SELF_TEST_ROWS = (1, 3, 8, 37)  # pass sizes the adversarial product is run at
+#: rows from which a mixed kernel's second library runs in the self-test (so both run)
+SELF_TEST_WIDE_FROM = 3
+ALL_ROWS = 1  # ``wide_from`` that runs every pass on a mixed kernel's second library
+NO_ROWS = 2**62  # ``wide_from`` that runs every pass on its first library
 #: [N, K] of the random layers a kernel must be batch-invariant on (small layers take other
 #: code paths: oneDNN's AMX and VNNI paths scaled differently at 256 x 1536)
 INVARIANCE_SHAPES = ((64, 32), (32, 64), (256, 256), (256, 1536))
@@ -71,8 +88,14 @@ TIMING_REPEATS = 15
 class Int8Kernel:
     """An int8 matmul library and the width of the activation codes it is fed."""
 
-    library: str  # "onednn" | "fbgemm"
+    library: str  # "onednn" | "fbgemm": runs every pass (a mixed kernel: the narrow ones)
     bits: int  # 8: codes 1..255 around 128; 7: codes 1..127 around 64
+    wide: str | None = None  # a mixed kernel's library for passes of many rows
+
+    @property
+    def libraries(self) -> tuple[str, ...]:
+        """The libraries whose packed weights a layer holds: (library,) or (library, wide)."""
+        return (self.library,) if self.wide is None else (self.library, self.wide)
 
     @property
     def x_scale(self) -> float:
@@ -85,12 +108,14 @@ class Int8Kernel:
         return 2 ** (self.bits - 1)
 
     def __str__(self) -> str:
-        return f"{self.library}/{self.bits}"
+        return f"{'+'.join(self.libraries)}/{self.bits}"
 
 
-#: candidates per CPU architecture, in order of preference when timings tie
+#: candidates per CPU architecture, in order of preference when timings tie; a proven mixed
+#: kernel is preferred to its libraries alone (its timing per model may still use one only)
 KERNELS: dict[str, tuple[Int8Kernel, ...]] = {
-    "x86_64": (Int8Kernel("onednn", 8), Int8Kernel("fbgemm", 8),
+    "x86_64": (Int8Kernel("fbgemm", 8, "onednn"), Int8Kernel("onednn", 8),
+               Int8Kernel("fbgemm", 8), Int8Kernel("fbgemm", 7, "onednn"),
                Int8Kernel("fbgemm", 7), Int8Kernel("onednn", 7)),
 }
 
@@ -100,18 +125,18 @@ def _arch() -> str:
     return "x86_64" if machine in ("x86_64", "amd64") else machine
 
 
-def _library_present(library: str) -> bool:
-    if library == "onednn":
-        return onednn.available()
-    return "fbgemm" in torch.backends.quantized.supported_engines
+def _present(kernel: Int8Kernel) -> bool:
+    """Every library of ``kernel`` is in this torch build."""
+    return all(onednn.available() if library == "onednn"
+               else "fbgemm" in torch.backends.quantized.supported_engines
+               for library in kernel.libraries)
 
 
 def parse(text: str) -> Int8Kernel:
     """``library/bits`` (``onednn/8``, ``fbgemm/7``, ...) -> a kernel of the table."""
-    library, _, bits = text.strip().partition("/")
     known = [k for ks in KERNELS.values() for k in ks]
     for k in known:
-        if k.library == library and str(k.bits) == bits:
+        if str(k) == text.strip():
             return k
     raise ValueError(f"unknown int8 kernel {text!r}; one of {', '.join(map(str, known))}")
 
@@ -119,34 +144,54 @@ def parse(text: str) -> Int8Kernel:
 # -- running one -------------------------------------------------------------------------------
 
 
-def pack(kernel: Int8Kernel, qweight: Tensor, scale: Tensor) -> object:
-    """``kernel``'s packed form of int8 weights [N, K] with per-row scales [N]."""
-    if kernel.library == "onednn":
+def pack(library: str, qweight: Tensor) -> object:
+    """``library``'s packed form of int8 weights [N, K], with unit weight scales (the scales
+    are applied after the product, the same way for every library: :func:`matmul`)."""
+    if library == "onednn":
         return onednn.pack(qweight)
     with warnings.catch_warnings():  # quantized tensors are announced as moving to torchao
         warnings.simplefilter("ignore")
-        zeros = torch.zeros(scale.shape, dtype=torch.int64)
-        q = torch._make_per_channel_quantized_tensor(qweight, scale.double(), zeros, 0)
+        n = qweight.shape[0]
+        q = torch._make_per_channel_quantized_tensor(
+            qweight, torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.int64), 0)
         return torch.ops.quantized.linear_prepack(q, None)
 
 
-def matmul(kernel: Int8Kernel, packed: object, u: Tensor, a: Tensor, scale: Tensor,
-           zeros: Tensor, half: Tensor) -> Tensor:
-    """[M, N]: Σ_k code(u[m, k] / a[m]) · W[n, k] · x_scale · scale[n] for inputs ``u``
-    [M, K] and their row max-abs ``a`` [M, 1] (so u / a lies in [-1, 1]); ``zeros`` [N] are
-    the weights' zero points (0), ``half`` the scalar x_zero + 0.5."""
-    if kernel.library == "onednn":  # quantized here: trunc(u / a / x_scale + x_zero + 0.5)
-        xq = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale).to(torch.uint8)
-        # unit scales: the kernel returns float32(Σ integer products), whatever path the pass
-        # size selects; with AMX, oneDNN's own scaling rounded differently on its AMX and
-        # AVX-512 VNNI paths (rows saw each other), so the scales are applied here, one way
-        # for every row
+def pack_all(kernel: Int8Kernel, qweight: Tensor) -> dict[str, object]:
+    """{library: packed weights} for every library of ``kernel``."""
+    return {library: pack(library, qweight) for library in kernel.libraries}
+
+
+def matmul(kernel: Int8Kernel, packed: dict[str, object], u: Tensor, a: Tensor,
+           out_scale: Tensor, half: Tensor, wide_from: int = NO_ROWS) -> Tensor:
+    """[M, N]: Σ_k code(u[m, k] / a[m]) · W[n, k] · out_scale[n] for inputs ``u`` [M, K] and
+    their row max-abs ``a`` [M, 1] (so u / a lies in [-1, 1]); ``out_scale`` [N]: each
+    weight row's scale times x_scale; ``packed``: the packed weights per library
+    (:func:`pack_all`); ``half`` the scalar x_zero + 0.5. A mixed kernel runs passes of
+    ``wide_from`` rows or more on its second library.
+
+    Codes are trunc(u / a / x_scale + x_zero + 0.5), made here for every library; each
+    library returns float32 of the exact integer product (unit scales), and the scales are
+    applied here: the libraries agree bit for bit (with AMX, oneDNN's own scaling rounded
+    differently on its AMX and AVX-512 VNNI paths, so rows saw each other)."""
+    wide = kernel.wide is not None and u.shape[0] >= wide_from
+    library = kernel.wide if wide else kernel.library
+    codes = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale)  # [M, K], code + fraction
+    n = out_scale.numel()
+    if library == "onednn":
         acc = torch.ops.onednn.qlinear_pointwise(
-            xq, 1.0, kernel.x_zero, packed, _unit(scale.numel()), zeros, None, 1.0, 0,
-            torch.float32, "none", [], "")  # [M, N]
-        return acc.mul_(scale * kernel.x_scale)
-    return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-        u / a, kernel.x_scale, kernel.x_zero, packed)  # fbgemm quantizes u / a itself
+            codes.to(torch.uint8), 1.0, kernel.x_zero, packed["onednn"], _unit(n), _zeros(n),
+            None, 1.0, 0, torch.float32, "none", [], "")  # [M, N]
+    else:  # fbgemm quantizes its float input itself: give it integers (code − x_zero)
+        acc = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+            codes.trunc_().sub_(kernel.x_zero), 1.0, kernel.x_zero, packed["fbgemm"])
+    return acc.mul_(out_scale)
+
+
+@cache
+def _zeros(n: int) -> Tensor:
+    """[n] int64 zeros: the weights' zero points oneDNN is given."""
+    return torch.zeros(n, dtype=torch.int64)
 
 
 @cache
@@ -181,16 +226,16 @@ def exactness_error(kernel: Int8Kernel) -> float:
     """Max relative error of ``kernel`` on the adversarial product at every pass size of
     :data:`SELF_TEST_ROWS` (0.0 up to float32 rounding: about 1e-7 where it is exact)."""
     w, v = _adversarial()
-    scale = torch.ones(w.shape[0])
-    zeros = torch.zeros(w.shape[0], dtype=torch.int64)
+    scale = torch.full((w.shape[0],), kernel.x_scale)  # [6] unit weight scales × x_scale
     half = torch.tensor(kernel.x_zero + 0.5)
-    packed = pack(kernel, w, scale)
+    packed = pack_all(kernel, w)
     worst = 0.0
     for rows in SELF_TEST_ROWS:
         x = v.repeat(-(-rows // v.shape[0]), 1)[:rows]  # [rows, K]
         codes = torch.round(x.double() / kernel.x_scale)  # code − zero point
         exact = codes @ w.double().T * kernel.x_scale  # [rows, 6]
-        got = matmul(kernel, packed, x, torch.ones(rows, 1), scale, zeros, half).double()
+        got = matmul(kernel, packed, x, torch.ones(rows, 1), scale, half,
+                     SELF_TEST_WIDE_FROM).double()
         worst = max(worst, float((got - exact).abs().max() / exact.abs().max()))
     return worst
 
@@ -203,19 +248,19 @@ def varying_pass_sizes(kernel: Int8Kernel) -> list[int]:
     shape of :data:`INVARIANCE_SHAPES`) comes out other than in one pass of
     :data:`INVARIANCE_FULL` rows, bit for bit (empty: rows never see each other). A library
     may run other code paths for other pass sizes and layer shapes; exact integer products
-    are not enough if the float epilogue then rounds differently."""
+    are not enough if the float epilogue then rounds differently. A mixed kernel runs its
+    second library from :data:`SELF_TEST_WIDE_FROM` rows, so its two libraries must agree."""
     g = torch.Generator().manual_seed(0)
     varying: set[int] = set()
     for n, k in INVARIANCE_SHAPES:
         w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        scale = torch.rand(n, generator=g) * 0.01 + 1e-3  # [N]
-        zeros, half = torch.zeros(n, dtype=torch.int64), torch.tensor(kernel.x_zero + 0.5)
-        packed = pack(kernel, w, scale)
+        scale = (torch.rand(n, generator=g) * 0.01 + 1e-3) * kernel.x_scale  # [N]
+        half, packed = torch.tensor(kernel.x_zero + 0.5), pack_all(kernel, w)
         x = torch.randn((INVARIANCE_FULL, k), generator=g)  # [M, K]
         a = x.abs().amax(1, keepdim=True)  # [M, 1]
-        full = matmul(kernel, packed, x, a, scale, zeros, half)  # [M, N]
+        full = matmul(kernel, packed, x, a, scale, half, SELF_TEST_WIDE_FROM)  # [M, N]
         varying |= {m for m in INVARIANCE_ROWS if not torch.equal(
-            matmul(kernel, packed, x[:m], a[:m], scale, zeros, half), full[:m])}
+            matmul(kernel, packed, x[:m], a[:m], scale, half, SELF_TEST_WIDE_FROM), full[:m])}
     return sorted(varying)
 
 
@@ -226,7 +271,7 @@ def _self_test() -> dict[Int8Kernel, float | str]:
     other: :func:`varying_pass_sizes`)."""
     out: dict[Int8Kernel, float | str] = {}
     for kernel in KERNELS.get(_arch(), ()):
-        if not _library_present(kernel.library):
+        if not _present(kernel):
             out[kernel] = "not in this torch"
             continue
         try:
@@ -253,14 +298,13 @@ def _time(kernel: Int8Kernel) -> float:
     g = torch.Generator().manual_seed(0)
     n, k = TIMING_SHAPE
     w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    scale = torch.full((n,), 0.01)
-    zeros, half = torch.zeros(n, dtype=torch.int64), torch.tensor(kernel.x_zero + 0.5)
-    packed = pack(kernel, w, scale)
+    scale = torch.full((n,), 0.01 * kernel.x_scale)
+    half, packed = torch.tensor(kernel.x_zero + 0.5), pack_all(kernel, w)
     total = 0.0
     for rows in TIMING_ROWS:
         x, ones = torch.rand((rows, k), generator=g) * 2 - 1, torch.ones(rows, 1)
         total += median_seconds(
-            lambda: matmul(kernel, packed, x, ones, scale, zeros, half))  # noqa: B023
+            lambda: matmul(kernel, packed, x, ones, scale, half))  # noqa: B023
     return total
 
 
@@ -355,6 +399,10 @@ def choose() -> tuple[Int8Kernel | None, str]:
     widest = [k for k in ok if k.bits == bits]
     why = ("8-bit codes: the kernels accumulate in int32 here (VNNI)" if bits == 8 else
            "7-bit codes: 8-bit codes saturate int16 pair sums without VNNI")
+    mixed = [k for k in widest if k.wide is not None]
+    if mixed:
+        return mixed[0], (f"{mixed[0]}; {why}; the libraries agree bit for bit here, so each "
+                          "pass runs on the faster one for its rows (timed per model)")
     if len(widest) == 1:
         return widest[0], f"{widest[0]}; {why}"
     kernel, timing = _timed_choice(widest)
@@ -373,7 +421,8 @@ def report() -> list[str]:
             shown, verdict = "–", error
         else:
             shown, verdict = f"{error:.2g}", "exact" if kernel in proven() else "refused"
-        lines.append(f"| {kernel.library} | {kernel.bits} bits | {shown} | {verdict} |")
+        lines.append(f"| {'+'.join(kernel.libraries)} | {kernel.bits} bits | {shown} "
+                     f"| {verdict} |")
     kernel, why = choose()
     lines.append(f"chosen: {kernel or 'none'} ({why})")
     return lines

@@ -37,6 +37,10 @@ factors, as in SmoothQuant, would enter the same way: x ⊙ γ / s with W·diag(
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -47,7 +51,7 @@ from verispec.models.native.kernels import Int8Kernel
 
 __all__ = ["DRAFT_TIMING_LAYERS", "DenseLinear", "Int4Linear", "Int8Linear", "SubsetHead",
            "default_kernel", "int4_available", "int4_draft_faster", "int8_available",
-           "quantize_weight"]
+           "quantize_weight", "split_pass_sizes"]
 
 
 class DenseLinear:
@@ -105,17 +109,21 @@ class Int8Linear:
     per-row rescaling, so it stays out of the packed weights.
     """
 
-    def __init__(self, packed: object, scale: Tensor, bias: Tensor | None, norm: Tensor | None,
-                 eps: float, shape: tuple[int, int], kernel: Int8Kernel,
+    def __init__(self, packed: dict[str, object], scale: Tensor, bias: Tensor | None,
+                 norm: Tensor | None, eps: float, shape: tuple[int, int], kernel: Int8Kernel,
                  keep: tuple[Tensor, ...] = (), rot: Tensor | None = None,
                  split: bool = False) -> None:
-        self.packed = packed
+        self.packed = packed  # {library: packed weights} (:func:`kernels.pack_all`)
+        # a mixed kernel's passes of this many rows or more run on its second library
+        # (:func:`split_pass_sizes` times where; until then the first library runs them all)
+        self.wide_from = kernels.NO_ROWS
         self.split = split  # two codes per activation (module doc): finer, twice the rows
         # [b, b] orthogonal, applied in float64: a float32 matmul's summation order follows
         # the kernel its shape selects (a one-row pass takes a matrix-vector path), float64
         # rounded to float32 gives every row the same result whatever the pass holds
         self.rot = None if rot is None else rot.double().contiguous()
         self.scale = scale.float().contiguous()  # [N]
+        self._out_scale = self.scale * kernel.x_scale  # [N] per output: weight × code step
         self.bias = None if bias is None else bias.float().contiguous()  # [N]
         self.norm = None if norm is None else norm.float().contiguous()  # [K]
         # channel factors that are all 1 (a rotated model) need no multiplication
@@ -124,8 +132,7 @@ class Int8Linear:
         self.out_features, self.in_features = shape
         self.kernel = kernel
         self._keep = keep  # tensors the packed weight lives on (restored oneDNN blobs), or
-        # the int8 weight itself (fbgemm), for saving
-        self._zeros = torch.zeros(shape[0], dtype=torch.int64)  # [N] weight zero points
+        # the int8 weight itself (fbgemm or a mixed kernel), for saving
         self._half = torch.tensor(kernel.x_zero + 0.5)  # rounding offset: trunc(v + z + .5)
         self._eps = torch.tensor(eps)
 
@@ -136,17 +143,17 @@ class Int8Linear:
                   split: bool = False) -> Int8Linear:
         """From int8 [N, K] weights and their scales [N] (packs them: slow for big layers)."""
         kernel = kernel or default_kernel()
-        packed = kernels.pack(kernel, qweight, scale)
-        keep = (qweight,) if kernel.library == "fbgemm" else ()
-        return cls(packed, scale, bias, norm, eps, tuple(qweight.shape), kernel, keep, rot,
-                   split)
+        keep = () if kernel.libraries == ("onednn",) else (qweight,)
+        return cls(kernels.pack_all(kernel, qweight), scale, bias, norm, eps,
+                   tuple(qweight.shape), kernel, keep, rot, split)
 
     def state(self, prefix: str) -> dict[str, Tensor]:
         """Tensors that rebuild this layer (:meth:`from_state`): the packed oneDNN bytes and
-        descriptor, or the int8 weight for fbgemm."""
+        descriptor for a oneDNN kernel, else the int8 weight (fbgemm and mixed kernels pack
+        it at load)."""
         out = {f"{prefix}.scale": self.scale}
-        if self.kernel.library == "onednn":
-            blob, md = onednn.save(self.packed)  # type: ignore[arg-type]
+        if self.kernel.libraries == ("onednn",):  # oneDNN's packed bytes
+            blob, md = onednn.save(self.packed["onednn"])  # type: ignore[arg-type]
             out[f"{prefix}.blob"], out[f"{prefix}.md"] = blob, md
             out[f"{prefix}.shape"] = torch.tensor([self.out_features, self.in_features])
         else:
@@ -165,11 +172,11 @@ class Int8Linear:
                                   for x in ("scale", "bias", "norm", "rot"))
         split = f"{prefix}.split" in state
         if f"{prefix}.blob" in state:
-            if kernel.library != "onednn":
+            if kernel.libraries != ("onednn",):
                 raise ValueError(f"{prefix}: packed oneDNN weights cannot run on {kernel}")
             blob, md = state[f"{prefix}.blob"], state[f"{prefix}.md"]
             n, k = int(scale.numel()), int(state[f"{prefix}.shape"][1])  # type: ignore[union-attr]
-            packed = onednn.restore(blob, md, (k, n))
+            packed = {"onednn": onednn.restore(blob, md, (k, n))}
             return cls(packed, scale, bias, norm, eps, (n, k), kernel, (blob, md), rot, split)  # type: ignore[arg-type]
         return cls.from_int8(state[f"{prefix}.qweight"], scale, bias, norm, eps, kernel, rot,  # type: ignore[arg-type]
                              split)
@@ -189,8 +196,8 @@ class Int8Linear:
         if self.split:
             y = self._two_codes(u / a)
         else:
-            y = kernels.matmul(self.kernel, self.packed, u, a, self.scale, self._zeros,
-                               self._half)
+            y = kernels.matmul(self.kernel, self.packed, u, a, self._out_scale, self._half,
+                               self.wide_from)
         if self.norm is None:
             return y, a
         ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)  # [M, 1] sqrt(Σ x²)
@@ -199,8 +206,9 @@ class Int8Linear:
 
     @staticmethod
     def _row_scale(u: Tensor) -> Tensor:
-        """[M, K] -> [M, 1]: each row's own max-abs (one activation scale per token)."""
-        return torch.linalg.vector_norm(u, float("inf"), dim=-1, keepdim=True)
+        """[M, K] -> [M, 1]: each row's own max-abs (one activation scale per token; a max
+        is exact in any order, and ``abs().amax`` is several times faster than the inf-norm)."""
+        return u.abs().amax(dim=-1, keepdim=True)
 
     def _two_codes(self, v: Tensor) -> Tensor:
         """W v for v [M, K] in [-1, 1] from two codes per entry: v = h / L + r / (2 L²) with
@@ -212,8 +220,8 @@ class Int8Linear:
         hi = torch.round(v * levels).div_(levels)  # [M, K] on the code grid
         rest = (v - hi).mul_(2.0 * levels)  # [M, K] in [-1, 1]
         ones = torch.ones((2 * v.shape[0], 1), dtype=v.dtype)
-        y = kernels.matmul(self.kernel, self.packed, torch.cat([hi, rest]), ones, self.scale,
-                           self._zeros, self._half)  # [2M, N]
+        y = kernels.matmul(self.kernel, self.packed, torch.cat([hi, rest]), ones,
+                           self._out_scale, self._half, self.wide_from)  # [2M, N]
         m = v.shape[0]
         return torch.add(y[:m], y[m:], alpha=1.0 / (2.0 * levels))
 
@@ -225,6 +233,82 @@ class Int8Linear:
         y, s = self._scaled(x)
         out = torch.addcmul(residual, y, s)
         return out if self.bias is None else out.add_(self.bias)
+
+
+#: pass sizes (rows) at which a mixed kernel's two libraries are timed on a model's layers
+SPLIT_ROWS = (1, 2, 3, 4, 6, 9, 16, 64)
+SPLIT_REPEATS = 5  # sweeps per library and pass size, in turns (the median is kept)
+
+
+def _sweep_times(layers: list[Int8Linear]) -> dict[str, dict[str, float]]:
+    """{rows: {library: median seconds of one call of every layer on random [rows, K]
+    inputs}} for the two libraries of the layers' mixed kernel at each of
+    :data:`SPLIT_ROWS`, timed in turns (a slow phase of the machine slows both alike)."""
+    kernel = layers[0].kernel
+    forced = {kernel.library: kernels.NO_ROWS, kernel.wide: kernels.ALL_ROWS}
+    g = torch.Generator().manual_seed(0)
+    inputs = {rows: {k: torch.randn((rows, k), generator=g)
+                     for k in {x.in_features for x in layers}} for rows in SPLIT_ROWS}
+    times: dict[tuple[int, str], list[float]] = {}
+    for rep in range(SPLIT_REPEATS + 1):  # the first round warms up
+        for rows, by_width in inputs.items():
+            for library, wide_from in forced.items():
+                t0 = time.perf_counter()
+                for layer in layers:
+                    layer.wide_from = wide_from
+                    layer(by_width[layer.in_features])
+                if rep:
+                    times.setdefault((rows, library), []).append(time.perf_counter() - t0)
+    return {str(rows): {lib: statistics.median(times[(rows, lib)]) for lib in forced}  # type: ignore[misc]
+            for rows in SPLIT_ROWS}
+
+
+def _best_split(times: dict[str, dict[str, float]], narrow: str, wide: str) -> int:
+    """The rows from which ``wide`` runs that minimise the product over the timed pass sizes
+    of the time a pass takes (each size counts alike; one noisy size cannot flip the
+    others): a timed size, or :data:`kernels.NO_ROWS`."""
+    def cost(wide_from: int) -> float:
+        return sum(math.log(t[wide if int(rows) >= wide_from else narrow])
+                   for rows, t in times.items())
+
+    return min((*SPLIT_ROWS, kernels.NO_ROWS), key=cost)
+
+
+def split_pass_sizes(layers: list[Int8Linear], record: str | None = None) -> str:
+    """Set where the layers of one model (of one mixed kernel) change library: each library
+    is timed on the layers themselves (sweeps through all of them, as a pass streams them
+    from memory) at the pass sizes of :data:`SPLIT_ROWS`, and the second library runs the
+    passes from the size that minimises the time over all of them (:func:`_best_split`).
+    ``record``: a name under which the timing is kept in verispec's cache
+    (:func:`kernels.recorded`) and reused. Returns the split as text. A library that runs
+    no pass size is unpacked (its memory freed)."""
+    kernel = layers[0].kernel
+    if kernel.wide is None:
+        return f"int8 passes: {kernel} for every pass"
+
+    def measure() -> dict[str, object]:
+        times = _sweep_times(layers)
+        return {"wide_from": _best_split(times, kernel.library, kernel.wide),  # type: ignore[arg-type]
+                "times": times}
+
+    def valid(r: dict[str, object]) -> bool:
+        return isinstance(r.get("wide_from"), int) and r.get("times", {}).keys() == {
+            str(x) for x in SPLIT_ROWS}  # type: ignore[union-attr]
+
+    result = kernels.recorded(record, measure, valid) if record else measure()
+    wide_from = int(result["wide_from"])  # type: ignore[call-overload]
+    unused = (kernel.wide if wide_from == kernels.NO_ROWS else
+              kernel.library if wide_from == kernels.ALL_ROWS else None)
+    for layer in layers:
+        layer.wide_from = wide_from
+        layer.packed.pop(unused, None)  # type: ignore[arg-type]
+    shown = "; ".join(f"{rows}: {t[kernel.library] * 1e3:.1f} / {t[kernel.wide] * 1e3:.1f}"
+                      for rows, t in result["times"].items())  # type: ignore[attr-defined]
+    where = (f"{kernel.library} only" if wide_from == kernels.NO_ROWS else
+             f"{kernel.wide} only" if wide_from == kernels.ALL_ROWS else
+             f"{kernel.library} under {wide_from} rows, {kernel.wide} from {wide_from}")
+    return (f"int8 passes: {where} (ms per sweep of the linear layers at rows: "
+            f"{kernel.library} / {kernel.wide}: {shown})")
 
 
 INT4_GROUPS = (64, 32)  # input channels sharing one int4 scale and offset (first that divides)
@@ -334,7 +418,7 @@ def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
 
     # a record is served only if it timed these same layers (not, say, one layer alone)
     layers_timed = [list(shape) for shape in DRAFT_TIMING_LAYERS]
-    record = kernels.recorded(f"draft-format-{kernel.library}-{kernel.bits}", measure,
+    record = kernels.recorded(f"draft-format-{str(kernel).replace('/', '-')}", measure,
                               lambda r: isinstance(r.get("int4_faster"), bool)
                               and {"int4", "int8"} <= set(r.get("times", {}))
                               and r.get("layers") == layers_timed)

@@ -48,6 +48,7 @@ __all__ = [
     "cache_file",
     "dir_tensors",
     "int4_state",
+    "int8_layers",
     "int8_state",
     "load_cache",
     "module_tensors",
@@ -332,6 +333,13 @@ def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | N
                        device=torch.device("cpu"), attention_dtype=torch.float64)
 
 
+def int8_layers(net: Transformer) -> list[Int8Linear]:
+    """Every int8 linear layer of ``net`` in the order a pass runs them (the head last)."""
+    head = getattr(net.head, "linear", net.head)  # a SubsetHead's own layer
+    layers = [getattr(b, name) for b in net.blocks for name in LAYER_LINEARS] + [head]
+    return [x for x in layers if isinstance(x, Int8Linear)]
+
+
 def packed_state(net: Transformer) -> dict[str, Tensor]:
     """What the int8 disk cache holds: every layer as its kernel wants it, and the embedding."""
     state: dict[str, Tensor] = {"embed": net.embed}
@@ -363,7 +371,8 @@ def cache_file(path: str | os.PathLike[str], precision: str,
     if precision == "int8":
         if kernel is None:
             raise ValueError("an int8 cache file is made for one int8 kernel")
-        tag = f"int8-{kernel.library}-{kernel.bits}bit" + ("" if online_rotations else "-r0")
+        tag = (f"int8-{'+'.join(kernel.libraries)}-{kernel.bits}bit"
+               + ("" if online_rotations else "-r0"))
     else:
         tag = precision
     if vocabulary is not None:
