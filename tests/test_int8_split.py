@@ -59,6 +59,10 @@ def test_a_split_is_timed_once_recorded_and_frees_an_unused_library(
     def no_timing(_layers: Any) -> Any:
         raise AssertionError("timed again")
 
+    file.write_text(json.dumps(record | {"times": []}))  # damaged: timed again, not a crash
+    split_pass_sizes(int8_layers(native_int8(module, kernel).net), "tiny/split-passes")
+    record = json.loads(file.read_text())
+    assert set(record["times"]) == {str(r) for r in SPLIT_ROWS}
     monkeypatch.setattr(linear, "_sweep_times", no_timing)
     file.write_text(json.dumps(record | {"wide_from": kernels.NO_ROWS}))
     again = int8_layers(native_int8(module, kernel).net)

@@ -291,9 +291,12 @@ def split_pass_sizes(layers: list[Int8Linear], record: str | None = None) -> str
         return {"wide_from": _best_split(times, kernel.library, kernel.wide),  # type: ignore[arg-type]
                 "times": times}
 
-    def valid(r: dict[str, object]) -> bool:
-        return isinstance(r.get("wide_from"), int) and r.get("times", {}).keys() == {
-            str(x) for x in SPLIT_ROWS}  # type: ignore[union-attr]
+    def valid(r: dict[str, object]) -> bool:  # a record of these pass sizes and libraries
+        times = r.get("times")
+        return (isinstance(r.get("wide_from"), int) and isinstance(times, dict)
+                and times.keys() == {str(x) for x in SPLIT_ROWS}
+                and all(isinstance(t, dict) and set(t) == set(kernel.libraries)
+                        for t in times.values()))
 
     result = kernels.recorded(record, measure, valid) if record else measure()
     wide_from = int(result["wide_from"])  # type: ignore[call-overload]
