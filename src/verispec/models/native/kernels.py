@@ -98,6 +98,17 @@ class Int8Kernel:
         return (self.library,) if self.wide is None else (self.library, self.wide)
 
     @property
+    def name(self) -> str:
+        """The libraries joined by ``+`` (``fbgemm+onednn``): how tables and files name it."""
+        return "+".join(self.libraries)
+
+    @property
+    def saves_packed(self) -> bool:
+        """Its layers are cached in packed form (oneDNN alone: packing takes seconds);
+        fbgemm and mixed kernels cache the int8 weights and pack them at load."""
+        return self.libraries == ("onednn",)
+
+    @property
     def x_scale(self) -> float:
         """The value of one code step for an input in [-1, 1]."""
         return 1.0 / (2 ** (self.bits - 1) - 1)
@@ -108,7 +119,7 @@ class Int8Kernel:
         return 2 ** (self.bits - 1)
 
     def __str__(self) -> str:
-        return f"{'+'.join(self.libraries)}/{self.bits}"
+        return f"{self.name}/{self.bits}"
 
 
 #: candidates per CPU architecture, in order of preference when timings tie; a proven mixed
@@ -421,8 +432,7 @@ def report() -> list[str]:
             shown, verdict = "–", error
         else:
             shown, verdict = f"{error:.2g}", "exact" if kernel in proven() else "refused"
-        lines.append(f"| {'+'.join(kernel.libraries)} | {kernel.bits} bits | {shown} "
-                     f"| {verdict} |")
+        lines.append(f"| {kernel.name} | {kernel.bits} bits | {shown} | {verdict} |")
     kernel, why = choose()
     lines.append(f"chosen: {kernel or 'none'} ({why})")
     return lines

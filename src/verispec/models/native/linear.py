@@ -143,7 +143,7 @@ class Int8Linear:
                   split: bool = False) -> Int8Linear:
         """From int8 [N, K] weights and their scales [N] (packs them: slow for big layers)."""
         kernel = kernel or default_kernel()
-        keep = () if kernel.libraries == ("onednn",) else (qweight,)
+        keep = () if kernel.saves_packed else (qweight,)
         return cls(kernels.pack_all(kernel, qweight), scale, bias, norm, eps,
                    tuple(qweight.shape), kernel, keep, rot, split)
 
@@ -152,7 +152,7 @@ class Int8Linear:
         descriptor for a oneDNN kernel, else the int8 weight (fbgemm and mixed kernels pack
         it at load)."""
         out = {f"{prefix}.scale": self.scale}
-        if self.kernel.libraries == ("onednn",):  # oneDNN's packed bytes
+        if self.kernel.saves_packed:  # oneDNN's packed bytes
             blob, md = onednn.save(self.packed["onednn"])  # type: ignore[arg-type]
             out[f"{prefix}.blob"], out[f"{prefix}.md"] = blob, md
             out[f"{prefix}.shape"] = torch.tensor([self.out_features, self.in_features])
@@ -172,7 +172,7 @@ class Int8Linear:
                                   for x in ("scale", "bias", "norm", "rot"))
         split = f"{prefix}.split" in state
         if f"{prefix}.blob" in state:
-            if kernel.libraries != ("onednn",):
+            if not kernel.saves_packed:
                 raise ValueError(f"{prefix}: packed oneDNN weights cannot run on {kernel}")
             blob, md = state[f"{prefix}.blob"], state[f"{prefix}.md"]
             n, k = int(scale.numel()), int(state[f"{prefix}.shape"][1])  # type: ignore[union-attr]

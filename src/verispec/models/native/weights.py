@@ -371,8 +371,7 @@ def cache_file(path: str | os.PathLike[str], precision: str,
     if precision == "int8":
         if kernel is None:
             raise ValueError("an int8 cache file is made for one int8 kernel")
-        tag = (f"int8-{'+'.join(kernel.libraries)}-{kernel.bits}bit"
-               + ("" if online_rotations else "-r0"))
+        tag = f"int8-{kernel.name}-{kernel.bits}bit" + ("" if online_rotations else "-r0")
     else:
         tag = precision
     if vocabulary is not None:
