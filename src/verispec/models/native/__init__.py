@@ -28,6 +28,7 @@ from verispec.models.native.linear import (
 )
 from verispec.models.native.lm import NativeCausalLM
 from verispec.models.native.model import Transformer
+from verispec.models.native.retime import LibraryClock
 from verispec.models.native.weights import (
     CACHE_FILES,
     build_dense,
@@ -125,13 +126,12 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     blocks = _online_blocks(online_rotations)
     with torch.no_grad():
         if precision == "int8":
-            net = build_int8(config, int8_state(config, get, vocabulary=ids, **blocks))
-            split_pass_sizes(int8_layers(net))
+            net = _split(build_int8(config, int8_state(config, get, vocabulary=ids, **blocks)))
         elif precision == "int4":
             net = build_int4(config, int4_state(config, get, ids))
             if int8_available():  # prompts are read faster by the int8 kernel
-                prefill = build_int8(config, int8_state(config, get, vocabulary=ids, **blocks))
-                split_pass_sizes(int8_layers(prefill))
+                prefill = _split(build_int8(config,
+                                            int8_state(config, get, vocabulary=ids, **blocks)))
         else:
             net = build_dense(config, get, DTYPES[precision], dev, ids)
     return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision,
@@ -237,9 +237,15 @@ def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool
     return net if kernel is None else _split(net, file if cache else None, say)
 
 
-def _split(net: Transformer, file: Path | None, say: Callable[[str], None]) -> Transformer:
+def _split(net: Transformer, file: Path | None = None,
+           say: Callable[[str], None] = lambda _msg: None) -> Transformer:
     """``net`` with its int8 passes split between a mixed kernel's libraries
-    (:func:`split_pass_sizes`), timed once per cache ``file`` (None: timed, not kept)."""
+    (:func:`split_pass_sizes`), timed once per cache ``file`` (None: timed, not kept), and
+    re-timed from its own passes while it runs where both libraries stay in use
+    (:class:`~verispec.models.native.retime.LibraryClock`)."""
     record = None if file is None else f"{file.parent.name}/{file.stem.rsplit('-', 1)[0]}-passes"
-    say(split_pass_sizes(int8_layers(net), record))
+    layers = int8_layers(net)
+    say(split_pass_sizes(layers, record))
+    if layers and layers[0].kernel.wide is not None and len(layers[0].packed) == 2:
+        net.libraries = LibraryClock(layers)
     return net

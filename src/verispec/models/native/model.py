@@ -25,6 +25,7 @@ from torch import Tensor
 
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
+from verispec.models.native.retime import LibraryClock
 from verispec.models.slots import Layout, write_rows
 
 __all__ = ["Block", "Linear", "Step", "Transformer"]
@@ -76,6 +77,8 @@ class Transformer:
         self.inv_freq = (1.0 / (config.rope_theta ** exponents)).to(device)  # [D/2]
         self.cos = torch.empty((0, d), dtype=dtype, device=device)  # [N, D], N positions
         self.sin = torch.empty((0, d), dtype=dtype, device=device)  # [N, D]
+        # int8 on a mixed kernel: which library runs each pass, re-timed as passes run
+        self.libraries: LibraryClock | None = None
 
     def rope(self, positions: int) -> tuple[Tensor, Tensor]:
         """cos, sin tables [N, D] for positions 0..N-1 (N ≥ ``positions``), grown on demand.
@@ -152,6 +155,14 @@ class Transformer:
         ``keys`` / ``values``: the cache, one [P, Hkv, L, D] tensor each per layer; the new
         keys/values are written in place at the step's slots and positions.
         """
+        if self.libraries is None:
+            return self._forward(ids, step, keys, values, logits)
+        scored = 0 if not logits else ids.numel() if step.pick is None else step.pick.numel()
+        return self.libraries.run(ids.numel(), scored,
+                                  lambda: self._forward(ids, step, keys, values, logits))
+
+    def _forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
+                 logits: bool) -> Tensor | None:
         rows, k = ids.shape
         x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
         for block, cache_k, cache_v in zip(self.blocks, keys, values, strict=True):
