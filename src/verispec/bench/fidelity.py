@@ -10,8 +10,10 @@ law is from the float32 model's.
 ``python -m verispec.bench.fidelity --precision int8 --num-prompts 20 --tokens 128``
 
 ``--blocks 128/64,256/128`` compares int8 models built with those block sizes of the run-time
-rotations before ``down_proj`` / ``o_proj`` (``0``: none;
-:func:`~verispec.models.native.weights.int8_state`) on the same reference texts.
+rotations before ``down_proj`` / ``o_proj`` (``0``: none; a ``:dense`` suffix, as in
+``256/64:dense``, takes dense random orthogonal blocks instead of Kronecker products of
+signed Hadamard matrices; :func:`~verispec.models.native.weights.int8_state`) on the same
+reference texts.
 """
 
 from __future__ import annotations
@@ -92,17 +94,19 @@ def int8_schemes(model: str, blocks: str, eos_token_ids: frozenset[int] = frozen
     from verispec.models.native import NativeCausalLM, NativeConfig
     from verispec.models.native.weights import build_int8, dir_tensors, int8_state
 
-    pairs = [pair.partition("/")[::2] for pair in blocks.split(",")]
-    for (down, o), pair in zip(pairs, blocks.split(","), strict=True):
+    schemes = blocks.split(",")
+    for scheme in schemes:
+        down, o = scheme.removesuffix(":dense").partition("/")[::2]
         if not (down.isdigit() and o.isdigit()):
-            raise ValueError(f"--blocks takes down/o pairs like 128/64, got {pair!r}")
+            raise ValueError(f"--blocks takes down/o pairs like 128/64 or 256/64:dense, "
+                             f"got {scheme!r}")
     path = Path(resolve(model))
     config = NativeConfig.from_hf(json.loads((path / "config.json").read_text()))
     out: dict[str, CausalLM] = {}
-    for down, o in pairs:
-        pair = f"{down}/{o}"
+    for pair in schemes:
+        down, o = pair.removesuffix(":dense").partition("/")[::2]
         state = int8_state(config, dir_tensors(path), down_block=int(down) or None,
-                           o_block=int(o) or None)
+                           o_block=int(o) or None, hadamard=not pair.endswith(":dense"))
         out[f"int8 {pair}"] = NativeCausalLM(build_int8(config, state), name=f"int8 {pair}",
                                              eos_token_ids=eos_token_ids)
     return out

@@ -46,7 +46,7 @@ def _part(state: dict[str, Tensor], prefix: str, rows: slice) -> Int8Module:
     return Int8Module(Int8Linear.from_int8(
         state[f"{prefix}.qweight"][rows].contiguous(), state[f"{prefix}.scale"][rows],
         None if bias is None else bias[rows], rot=state.get(f"{prefix}.rot"),
-        split=f"{prefix}.split" in state))
+        split=f"{prefix}.split" in state, rot_b=state.get(f"{prefix}.rot_b")))
 
 
 @torch.no_grad()

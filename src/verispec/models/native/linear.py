@@ -112,16 +112,19 @@ class Int8Linear:
     def __init__(self, packed: dict[str, object], scale: Tensor, bias: Tensor | None,
                  norm: Tensor | None, eps: float, shape: tuple[int, int], kernel: Int8Kernel,
                  keep: tuple[Tensor, ...] = (), rot: Tensor | None = None,
-                 split: bool = False) -> None:
+                 split: bool = False, rot_b: Tensor | None = None) -> None:
         self.packed = packed  # {library: packed weights} (:func:`kernels.pack_all`)
         # a mixed kernel's passes of this many rows or more run on its second library
         # (:func:`split_pass_sizes` times where; until then the first library runs them all)
         self.wide_from = kernels.NO_ROWS
         self.split = split  # two codes per activation (module doc): finer, twice the rows
-        # [b, b] orthogonal, applied in float64: a float32 matmul's summation order follows
-        # the kernel its shape selects (a one-row pass takes a matrix-vector path), float64
-        # rounded to float32 gives every row the same result whatever the pass holds
+        # the input's block rotation (:meth:`_rotate`), applied in float64: a float32 matmul's
+        # summation order follows the kernel its shape selects (a one-row pass takes a
+        # matrix-vector path), float64 rounded to float32 gives every row the same result
+        # whatever the pass holds. rot [p, p] alone: a dense block of b = p channels; with
+        # rot_b [q, q]: the block rot ⊗ rot_b of b = p q channels, applied in two small steps
         self.rot = None if rot is None else rot.double().contiguous()
+        self.rot_b = None if rot_b is None else rot_b.double().contiguous()
         self.scale = scale.float().contiguous()  # [N]
         self._out_scale = self.scale * kernel.x_scale  # [N] per output: weight × code step
         self.bias = None if bias is None else bias.float().contiguous()  # [N]
@@ -140,12 +143,12 @@ class Int8Linear:
     def from_int8(cls, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
                   norm: Tensor | None = None, eps: float = 1e-6,
                   kernel: Int8Kernel | None = None, rot: Tensor | None = None,
-                  split: bool = False) -> Int8Linear:
+                  split: bool = False, rot_b: Tensor | None = None) -> Int8Linear:
         """From int8 [N, K] weights and their scales [N] (packs them: slow for big layers)."""
         kernel = kernel or default_kernel()
         keep = () if kernel.saves_packed else (qweight,)
         return cls(kernels.pack_all(kernel, qweight), scale, bias, norm, eps,
-                   tuple(qweight.shape), kernel, keep, rot, split)
+                   tuple(qweight.shape), kernel, keep, rot, split, rot_b)
 
     def state(self, prefix: str) -> dict[str, Tensor]:
         """Tensors that rebuild this layer (:meth:`from_state`): the packed oneDNN bytes and
@@ -158,9 +161,11 @@ class Int8Linear:
             out[f"{prefix}.shape"] = torch.tensor([self.out_features, self.in_features])
         else:
             out[f"{prefix}.qweight"] = self._keep[0]
-        rot = None if self.rot is None else self.rot.float()  # made in float32: exact
+        rot, rot_b = (None if r is None else r.float()  # made in float32: exact
+                      for r in (self.rot, self.rot_b))
         split = torch.ones(1, dtype=torch.uint8) if self.split else None
-        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=rot, split=split)
+        return out | _present(prefix, bias=self.bias, norm=self.norm, rot=rot, split=split,
+                              rot_b=rot_b)
 
     @classmethod
     def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float,
@@ -168,8 +173,8 @@ class Int8Linear:
         """The layer from :meth:`state`'s tensors (packed oneDNN bytes only for a oneDNN
         ``kernel``) or from unpacked int8 weights (packed here for ``kernel``)."""
         kernel = kernel or default_kernel()
-        scale, bias, norm, rot = (state.get(f"{prefix}.{x}")
-                                  for x in ("scale", "bias", "norm", "rot"))
+        scale, bias, norm, rot, rot_b = (state.get(f"{prefix}.{x}")
+                                         for x in ("scale", "bias", "norm", "rot", "rot_b"))
         split = f"{prefix}.split" in state
         if f"{prefix}.blob" in state:
             if not kernel.saves_packed:
@@ -177,9 +182,10 @@ class Int8Linear:
             blob, md = state[f"{prefix}.blob"], state[f"{prefix}.md"]
             n, k = int(scale.numel()), int(state[f"{prefix}.shape"][1])  # type: ignore[union-attr]
             packed = {"onednn": onednn.restore(blob, md, (k, n))}
-            return cls(packed, scale, bias, norm, eps, (n, k), kernel, (blob, md), rot, split)  # type: ignore[arg-type]
+            return cls(packed, scale, bias, norm, eps, (n, k), kernel, (blob, md), rot, split,  # type: ignore[arg-type]
+                       rot_b)
         return cls.from_int8(state[f"{prefix}.qweight"], scale, bias, norm, eps, kernel, rot,  # type: ignore[arg-type]
-                             split)
+                             split, rot_b)
 
     def _scaled(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(y [M, N], s [M, 1]) with y·s the layer's output before the bias.
@@ -191,7 +197,7 @@ class Int8Linear:
         """
         u = x if self._factors is None else x * self._factors  # [M, K]
         if self.rot is not None:  # block-diagonal rotation: spreads outliers within blocks
-            u = (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
+            u = self._rotate(u)
         a = self._row_scale(u)  # [M, 1]
         if self.split:
             y = self._two_codes(u / a)
@@ -203,6 +209,23 @@ class Int8Linear:
         ss = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)  # [M, 1] sqrt(Σ x²)
         r = torch.addcmul(self._eps, ss, ss, value=1.0 / self.in_features).rsqrt_()
         return y, r.mul_(a)
+
+    def _rotate(self, u: Tensor) -> Tensor:
+        """u [M, K] -> u B for the block-diagonal B of blocks R (float64, rounded to float32).
+
+        R = ``rot`` [b, b]: one matmul. R = A ⊗ B (A = ``rot`` [p, p], B = ``rot_b``
+        [q, q]): a block x read as a p × q matrix X (channel i q + j at X[i, j]) becomes
+        Aᵀ X B, in two matmuls of width p and q instead of one of width p q (8× fewer
+        products for 16 ⊗ 16)."""
+        assert self.rot is not None
+        if self.rot_b is None:
+            return (u.double().view(-1, self.rot.shape[0]) @ self.rot).view(u.shape).float()
+        p, q = self.rot.shape[0], self.rot_b.shape[0]
+        xt = u.view(-1, p, q).transpose(1, 2).to(torch.float64,  # [N, q, p]: Xᵀ per block
+                                                 memory_format=torch.contiguous_format)
+        z = (xt.view(-1, p) @ self.rot).view(-1, q, p)  # [N, q, p]: Xᵀ A = (Aᵀ X)ᵀ
+        y = z.transpose(1, 2).reshape(-1, q) @ self.rot_b  # [N p, q]: Aᵀ X B
+        return y.view(u.shape).float()
 
     @staticmethod
     def _row_scale(u: Tensor) -> Tensor:
