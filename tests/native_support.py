@@ -68,6 +68,8 @@ def native_int8(module: Any, kernel: kernels.Int8Kernel) -> NativeCausalLM:
 
 #: every int8 kernel proven exact on this CPU (7-bit codes on every x86-64 CPU with AVX2)
 PROVEN = [pytest.param(k, id=str(k)) for k in kernels.proven()]
+#: the proven mixed kernels (two libraries that agree bit for bit)
+MIXED = [pytest.param(k, id=str(k)) for k in kernels.proven() if k.wide is not None]
 
 
 def seq(n: int, seed: int) -> list[int]:

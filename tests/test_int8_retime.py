@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import TinyTokenizer
 from native_support import (  # noqa: F401 (fixtures: module, module_cache, own_cache)
+    MIXED,
     module,
     module_cache,
     native_int8,
@@ -23,7 +24,6 @@ from verispec.models.native import from_hf_module, kernels, retime
 from verispec.models.native.retime import EXPLORE_EVERY, LibraryClock, size_group
 from verispec.models.native.weights import int8_layers
 
-MIXED = [pytest.param(k, id=str(k)) for k in kernels.proven() if k.wide is not None]
 KERNEL = kernels.Int8Kernel("fbgemm", 8, "onednn")
 
 

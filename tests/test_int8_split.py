@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from native_support import (  # noqa: F401 (fixtures: module, module_cache, own_cache)
+    MIXED,
     module,
     module_cache,
     native_int8,
@@ -23,7 +24,6 @@ from verispec.models.native import kernels, linear
 from verispec.models.native.linear import SPLIT_ROWS, split_pass_sizes
 from verispec.models.native.weights import int8_layers
 
-MIXED = [pytest.param(k, id=str(k)) for k in kernels.proven() if k.wide is not None]
 
 
 def _times(narrow: dict[int, float], wide: dict[int, float]) -> dict[str, dict[str, float]]:
