@@ -94,17 +94,16 @@ def int8_schemes(model: str, blocks: str, eos_token_ids: frozenset[int] = frozen
     from verispec.models.native import NativeCausalLM, NativeConfig
     from verispec.models.native.weights import build_int8, dir_tensors, int8_state
 
-    schemes = blocks.split(",")
-    for scheme in schemes:
-        down, o = scheme.removesuffix(":dense").partition("/")[::2]
+    schemes = {pair: pair.removesuffix(":dense").partition("/")[::2]
+               for pair in blocks.split(",")}  # name -> (down, o)
+    for pair, (down, o) in schemes.items():
         if not (down.isdigit() and o.isdigit()):
             raise ValueError(f"--blocks takes down/o pairs like 128/64 or 256/64:dense, "
-                             f"got {scheme!r}")
+                             f"got {pair!r}")
     path = Path(resolve(model))
     config = NativeConfig.from_hf(json.loads((path / "config.json").read_text()))
     out: dict[str, CausalLM] = {}
-    for pair in schemes:
-        down, o = pair.removesuffix(":dense").partition("/")[::2]
+    for pair, (down, o) in schemes.items():
         state = int8_state(config, dir_tensors(path), down_block=int(down) or None,
                            o_block=int(o) or None, hadamard=not pair.endswith(":dense"))
         out[f"int8 {pair}"] = NativeCausalLM(build_int8(config, state), name=f"int8 {pair}",

@@ -246,6 +246,6 @@ def _split(net: Transformer, file: Path | None = None,
     record = None if file is None else f"{file.parent.name}/{file.stem.rsplit('-', 1)[0]}-passes"
     layers = int8_layers(net)
     say(split_pass_sizes(layers, record))
-    if layers and layers[0].kernel.wide is not None and len(layers[0].packed) == 2:
+    if LibraryClock.applies(layers):
         net.libraries = LibraryClock(layers)
     return net

@@ -61,7 +61,6 @@ class _Group:
     current: str  # the library its passes run on
     times: dict[str, deque[float]] = field(default_factory=dict)
     spent: float = 0.0  # seconds on ``current`` since the last look at the other library
-    looking: bool = False  # the pass being run is a look at the other library
 
     def median(self, library: str) -> float | None:
         kept = self.times.get(library)
@@ -77,14 +76,21 @@ class LibraryClock:
 
     def __init__(self, layers: list[Int8Linear],
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        kernel = layers[0].kernel
-        if kernel.wide is None or any(set(x.packed) != set(kernel.libraries) for x in layers):
+        if not self.applies(layers):
             raise ValueError("re-timing needs a mixed int8 kernel with both libraries packed")
+        kernel = layers[0].kernel
         self.layers = layers
         self.narrow, self.wide = kernel.library, kernel.wide
         self.wide_from = layers[0].wide_from  # the recorded split: each group's first choice
         self.clock = clock
         self.groups: dict[tuple[int, int], _Group] = {}
+
+    @staticmethod
+    def applies(layers: list[Int8Linear]) -> bool:
+        """The layers are of one mixed kernel and every one keeps both libraries packed."""
+        if not layers or layers[0].kernel.wide is None:
+            return False
+        return all(set(x.packed) == set(layers[0].kernel.libraries) for x in layers)
 
     def run(self, rows: int, head_rows: int, forward: Callable[[], T]) -> T:
         """``forward()`` (a pass of ``rows`` token rows, ``head_rows`` of them through the
@@ -107,20 +113,20 @@ class LibraryClock:
         other = self.wide if group.current == self.narrow else self.narrow
         price = group.median(other)  # per row
         if price is None:  # never seen here: one look as soon as the current one is known
-            group.looking = len(group.times.get(group.current, ())) >= KEEP
+            look = len(group.times.get(group.current, ())) >= KEEP
         else:
-            group.looking = group.spent >= EXPLORE_EVERY * price * key[0]
-        return other if group.looking else group.current
+            look = group.spent >= EXPLORE_EVERY * price * key[0]
+        return other if look else group.current
 
     def observe(self, key: tuple[int, int], library: str, per_row: float) -> None:
         """Remember a pass of group ``key`` on ``library`` that took ``per_row`` seconds per
         token row; the group's passes move to the library with the lower median."""
         group = self.groups[key]
         group.times.setdefault(library, deque(maxlen=KEEP)).append(per_row)
-        if group.looking:
-            group.spent, group.looking = 0.0, False
-        else:
+        if library == group.current:
             group.spent += per_row * key[0]
+        else:  # a look at the other library
+            group.spent = 0.0
         medians = {lib: m for lib in (self.narrow, self.wide)
                    if (m := group.median(lib)) is not None}
         if len(medians) == 2:

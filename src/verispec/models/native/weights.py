@@ -259,6 +259,25 @@ def _block(width: int, wanted: int) -> int | None:
     return b if b >= 8 else None
 
 
+def _folded(t: dict[str, Tensor | None], rot: Tensor | None,
+            blocks: dict[str, Tensor]) -> dict[str, Tensor | None]:
+    """One layer's float tensors with the residual rotation ``rot`` [H, H] and the run-time
+    input rotations ``blocks`` ({layer: [b, b]}) folded in (:func:`int8_state`)."""
+    w = {k: (None if v is None else v.float()) for k, v in t.items()}
+    if rot is not None:
+        for n in ("qkv", "gate_up"):  # read the residual: W diag(γ) Q^T, norm weight 1
+            w[f"{n}.weight"] = (w[f"{n}.weight"] * w[f"{n}.norm"]) @ rot.T  # type: ignore[operator]
+            w[f"{n}.norm"] = torch.ones_like(w[f"{n}.norm"])  # type: ignore[arg-type]
+        for n in ("o", "down"):  # write to the residual: Q W, Q b
+            w[f"{n}.weight"] = rot @ w[f"{n}.weight"]  # type: ignore[operator]
+            if w[f"{n}.bias"] is not None:
+                w[f"{n}.bias"] = rot @ w[f"{n}.bias"]  # type: ignore[operator]
+    for n, block in blocks.items():  # a' = a B at run time, W' = W B
+        wn, b = w[f"{n}.weight"], block.shape[0]
+        w[f"{n}.weight"] = (wn.view(wn.shape[0], -1, b) @ block).view(wn.shape)  # type: ignore[union-attr]
+    return w
+
+
 def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | None = None, *,
                rotate: bool = True, down_block: int | None = DOWN_BLOCK,
                o_block: int | None = O_BLOCK, split: tuple[str, ...] = SPLIT_LAYERS,
@@ -304,6 +323,7 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
         b = _block(width, wanted) if wanted else None
         if b:
             online[name] = _online_rotation(b, seed, hadamard)
+    blocks = {n: a if b is None else torch.kron(a, b) for n, (a, b) in online.items()}  # [b, b]
 
     def add(prefix: str, weight: Tensor, bias: Tensor | None, norm: Tensor | None,
             rot: tuple[Tensor, Tensor | None] | None = None) -> None:
@@ -321,19 +341,7 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
                 state[f"{prefix}.rot_b"] = rot[1]
 
     for i, t in enumerate(_layer_tensors(c, get)):
-        w = {k: (None if v is None else v.float()) for k, v in t.items()}
-        if rot is not None:
-            for n in ("qkv", "gate_up"):  # read the residual: W diag(γ) Q^T, norm weight 1
-                w[f"{n}.weight"] = (w[f"{n}.weight"] * w[f"{n}.norm"]) @ rot.T  # type: ignore[operator]
-                w[f"{n}.norm"] = torch.ones_like(w[f"{n}.norm"])  # type: ignore[arg-type]
-            for n in ("o", "down"):  # write to the residual: Q W, Q b
-                w[f"{n}.weight"] = rot @ w[f"{n}.weight"]  # type: ignore[operator]
-                if w[f"{n}.bias"] is not None:
-                    w[f"{n}.bias"] = rot @ w[f"{n}.bias"]  # type: ignore[operator]
-        for n, (a, b_factor) in online.items():  # a' = a B at run time, W' = W B
-            block = a if b_factor is None else torch.kron(a, b_factor)  # [b, b]
-            wn, b = w[f"{n}.weight"], block.shape[0]
-            w[f"{n}.weight"] = (wn.view(wn.shape[0], -1, b) @ block).view(wn.shape)  # type: ignore[union-attr]
+        w = _folded(t, rot, blocks)
         for n in LAYER_LINEARS:
             add(f"layers.{i}.{n}", w[f"{n}.weight"], w[f"{n}.bias"], w.get(f"{n}.norm"),  # type: ignore[arg-type]
                 online.get(n))
