@@ -257,7 +257,8 @@ def test_exact_sampler_flags_at_about_alpha_over_seeds() -> None:
 
 
 def test_llamacpp_spec_is_compared_with_llamacpp_ar(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The peers' code path: one run_llamacpp call per sample, cut at k tokens."""
+    """The peers' code path (``each``): one run_llamacpp call per sample, cut at k tokens
+    (``shared``, one llama-server, is tested in test_llamacpp_server)."""
     from verispec.bench import llamacpp
     from verispec.bench.peers import PeerResult
 
@@ -269,7 +270,8 @@ def test_llamacpp_spec_is_compared_with_llamacpp_ar(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(llamacpp, "run_llamacpp", fake)
     out = llamacpp_samples("llamacpp-spec", [0, 1], [7, 8], tokens=3, temperature=1.0,
-                           gamma=4, target_gguf="t.gguf", draft_gguf="d.gguf", eos=[0])
+                           gamma=4, target_gguf="t.gguf", draft_gguf="d.gguf", eos=[0],
+                           prefill="each")
     assert out == [(2, 1, 2), (3, 1, 2)]
     assert [c["seed"] for c in calls] == [7, 8] and calls[0]["gamma"] == 4
     assert calls[0]["draft_gguf"] == "d.gguf" and calls[0]["max_new_tokens"] == 3
@@ -279,8 +281,9 @@ def test_llamacpp_spec_is_compared_with_llamacpp_ar(monkeypatch: pytest.MonkeyPa
 
 def test_llamacpp_spec_samples_through_the_fake_binary(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """llamacpp-spec samples through run_llamacpp and the fake llama-speculative-simple of
-    the llama.cpp tests (no library, no GGUF): the k-token prefix of its output per seed."""
+    """llamacpp-spec (``each``) samples through run_llamacpp and the fake
+    llama-speculative-simple of the llama.cpp tests (no library, no GGUF): the k-token
+    prefix of its output per seed."""
     fake = pytest.importorskip("test_llamacpp_spec")
     for name in ("t.gguf", "d.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
@@ -296,7 +299,7 @@ def test_llamacpp_spec_samples_through_the_fake_binary(tmp_path: Path,
     monkeypatch.setenv(fake.SPEC.BINARY_ENV, str(binary))
     out = llamacpp_samples("llamacpp-spec", list(b"x ="), [11, 12], tokens=3, temperature=1.0,
                            gamma=4, target_gguf=tmp_path / "t.gguf",
-                           draft_gguf=tmp_path / "d.gguf", eos=[151645])
+                           draft_gguf=tmp_path / "d.gguf", eos=[151645], prefill="each")
     assert out == [tuple(b"ret")] * 2
     argv = log.read_text().splitlines()
     assert argv[argv.index("--seed") + 1] == "12" and argv[argv.index("--temp") + 1] == "1.0"

@@ -8,7 +8,10 @@ k tokens of many independent generations (one seed each) at one prompt.
 * the llama.cpp peers: ``llamacpp-ar`` (the target's GGUF, llama.cpp's own sampler chain),
   either one :func:`~verispec.bench.llamacpp.run_llamacpp` call per sample (``each``) or
   with the prompt evaluated once and every distinct context after it once (``shared``),
-  and ``llamacpp-spec`` (always one ``run_llamacpp`` call, a subprocess, per sample).
+  and ``llamacpp-spec``, either one ``llama-speculative-simple`` process per sample
+  (``each``) or one request per sample to one ``llama-server`` with the draft model, which
+  keeps both models loaded and the prompt cached (``shared``; same drafting and verification
+  code, :mod:`verispec.bench.llamacpp.server`).
 
 Also the exact first-token laws p and q at a prompt and the choice of informative prompts
 (:func:`advance_prompt`).
@@ -49,6 +52,7 @@ __all__ = [
 Seq = tuple[int, ...]
 CHUNK_ROWS = 512  # generations decoded together (one pass per distinct context per chunk)
 Progress = Callable[[str], None]
+SERVED_SLOTS = 4  # llama-server requests in flight at once (llamacpp-spec, shared)
 
 
 class SharedPrefixLM(CausalLM):
@@ -205,6 +209,13 @@ def llamacpp_samples(name: str, prompt: Sequence[int], seeds: Sequence[int], *, 
     if name == "llamacpp-ar" and prefill == "shared":
         return _llamacpp_ar_shared(prompt, seeds, tokens=tokens, temperature=temperature,
                                    gguf=target_gguf, eos=eos, threads=threads)
+    if name == "llamacpp-spec" and prefill == "shared":
+        if draft_gguf is None:
+            raise ValueError("llamacpp-spec needs a draft GGUF")
+        return _llamacpp_spec_served(prompt, seeds, tokens=tokens, temperature=temperature,
+                                     gamma=gamma, target_gguf=target_gguf,
+                                     draft_gguf=draft_gguf, eos=eos, threads=threads,
+                                     progress=progress)
     out: list[Seq] = []
     for i, seed in enumerate(seeds):
         res = run_llamacpp(name, list(prompt), target_gguf=target_gguf, draft_gguf=draft_gguf,
@@ -214,6 +225,39 @@ def llamacpp_samples(name: str, prompt: Sequence[int], seeds: Sequence[int], *, 
         if progress is not None and (i + 1) % 25 == 0:
             progress(f"  {name}: {i + 1}/{len(seeds)} samples")
     return out
+
+
+def _llamacpp_spec_served(prompt: Sequence[int], seeds: Sequence[int], *, tokens: int,
+                          temperature: float, gamma: int, target_gguf: str | os.PathLike[str],
+                          draft_gguf: str | os.PathLike[str], eos: Sequence[int],
+                          threads: int | None, progress: Progress | None) -> list[Seq]:
+    """``llamacpp-spec``'s drafting and verification served by one ``llama-server``: one
+    request per seed, ``SERVED_SLOTS`` at a time (the server batches them; each request's
+    draws depend on its own seed only), each cut to its first ``tokens`` ids and at the first
+    id of ``eos`` (budget: :func:`~verispec.bench.llamacpp.server.spec_budget`)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import count
+
+    from verispec.bench.llamacpp.server import SpecServer, spec_budget
+
+    ids = [int(t) for t in prompt]
+    budget = spec_budget(tokens)
+    stop = {int(t) for t in eos}
+    done = count(1)  # next() is atomic under the GIL
+
+    def one(seed: int) -> Seq:
+        got = [int(t) for t in server.complete(ids, seed=seed, n_predict=budget,
+                                               temperature=temperature)["tokens"]][:tokens]
+        end = next((j for j, t in enumerate(got) if t in stop), None)
+        n = next(done)
+        if progress is not None and n % 250 == 0:
+            progress(f"  llamacpp-spec (llama-server): {n}/{len(seeds)} samples")
+        return tuple(got if end is None else got[:end + 1])
+
+    with SpecServer(target_gguf=target_gguf, draft_gguf=draft_gguf, gamma=gamma,
+                    n_ctx=len(ids) + budget + gamma + 16, threads=threads, slots=SERVED_SLOTS,
+                    progress=progress) as server, ThreadPoolExecutor(SERVED_SLOTS) as pool:
+        return list(pool.map(one, seeds))
 
 
 def _llamacpp_ar_shared(prompt: Sequence[int], seeds: Sequence[int], *, tokens: int,

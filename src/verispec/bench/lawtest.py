@@ -17,8 +17,10 @@ comparison is flagged when p < ``ALPHA``.
   greedy path until the target's next-token law has at least ``MIN_ENTROPY`` nats
   (HumanEval prompts end where the next token, the indentation, is nearly certain).
 * **Sampling.** verispec's samplers score each distinct context once
-  (:class:`~verispec.bench.lawsource.SharedPrefixLM`), llama.cpp's evaluates each once, so a
-  default of thousands of generations per prompt costs minutes, not hours.
+  (:class:`~verispec.bench.lawsource.SharedPrefixLM`), ``llamacpp-ar``'s evaluates each once
+  and ``llamacpp-spec`` is one request per generation to one ``llama-server`` with the draft
+  model (both loaded once, the prompt cached), so a default of thousands of generations per
+  prompt costs minutes, not hours.
 * **Power.** From the reference's own samples (their empirical law, with a Good–Turing
   share of unseen sequences) the test is simulated at its size against mixtures with three
   directions (:func:`verispec.bench.lawstats.directions`); the threshold is the largest,
@@ -300,10 +302,28 @@ def run_lawtest(cfg: LawTestConfig, *, pair: Pair | None = None,
         "control": control,
         "comparisons": [asdict(c) for c in comparisons],
         "sampling_seconds": run.seconds,
+        "llamacpp_spec": _spec_sampler(cfg) if "llamacpp-spec" in cfg.methods else None,
         "seconds": time.perf_counter() - start,
         "seeds": f"sampler s, prompt j, sample i: seed + {SEED_STRIDE} * (crc32(s) % 4096) "
                  "+ j * samples + i; s is the method's name or 'reference:<name>'",
     }
+
+
+def _spec_sampler(cfg: LawTestConfig) -> dict[str, Any]:
+    """How ``llamacpp-spec``'s samples were drawn: the program, its build and the requests."""
+    from verispec.bench.lawsource import SERVED_SLOTS
+    from verispec.bench.llamacpp import build_record, speculative_binary
+    from verispec.bench.llamacpp.server import server_binary, spec_budget
+
+    if cfg.llamacpp_prefill == "shared":
+        binary = server_binary()
+        how = (f"one llama-server (draft-simple, gamma {cfg.gamma}, p_min 0), one /completion "
+               f"request per seed, {SERVED_SLOTS} at a time, n_predict {spec_budget(cfg.tokens)}")
+    else:
+        binary = speculative_binary()
+        how = f"one llama-speculative-simple process per seed (gamma {cfg.gamma}, p_min 0)"
+    return {"how": how, "binary": str(binary) if binary else None,
+            "build": build_record(binary) if binary else None}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -344,6 +364,8 @@ def markdown(report: dict[str, Any]) -> str:
     for p in report["prompts"]:
         lines.append(f"| {p['id']} | {len(p['ids'])} | {p['advanced']} | {p['entropy']:.2f} | "
                      f"{p['tv_pq']:.3f} |")
+    if report.get("llamacpp_spec"):
+        lines += ["", f"llamacpp-spec: {report['llamacpp_spec']['how']}."]
     lines += ["", f"Seeds: {report['seeds']}. Wall time {report['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 
@@ -365,7 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--permutations", type=int, default=PERMUTATIONS)
     ap.add_argument("--power-reps", type=int, default=POWER_REPS)
     ap.add_argument("--control-epsilon", type=float, default=None)
-    ap.add_argument("--llamacpp-prefill", choices=("shared", "each"), default="shared")
+    ap.add_argument("--llamacpp-prefill", choices=("shared", "each"), default="shared",
+                    help="shared: llamacpp-ar evaluates each distinct context once and "
+                         "llamacpp-spec is served by one llama-server (prompt cached); each: "
+                         "one generation (llamacpp-spec: one llama-speculative-simple "
+                         "process) per sample")
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="directory for lawtest.json and lawtest.md")

@@ -59,6 +59,12 @@ log (each round's accepted draft ids and the target's token; the final end-of-ge
 included) and checked against its printed text; without those log lines they are recovered
 by tokenizing the printed text again (noted in ``PeerResult.notes``).
 
+For the two-sample law test, which needs thousands of seeded generations of one prompt,
+llama.cpp's speculation is also served: ``llama-server --model-draft`` built from the same
+sources (:mod:`verispec.bench.llamacpp.server`, ``python -m verispec.bench.llamacpp
+build-server``) drafts and verifies with the same code as the example, keeps both models
+loaded and the prompt cached, and answers one request per seed.
+
 Fixed length (``ignore_eos``): the example always stops at an end-of-generation token, and
 its ``--ignore-eos`` (``common/arg.cpp``, applied in ``common_init_from_params``) adds a −inf
 logit bias on *every* end-of-generation id of the vocabulary to the target's sampler
@@ -207,27 +213,33 @@ def run_llamacpp(name: str, prompt_ids: Sequence[int], *, target_gguf: str | os.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m verispec.bench.llamacpp {status,build-spec}``."""
+    """``python -m verispec.bench.llamacpp {status,build-spec,build-server}``."""
     import argparse
 
+    from verispec.bench.llamacpp.server import SERVER_BUILD, build_server, server_binary
+
     parser = argparse.ArgumentParser(prog="python -m verispec.bench.llamacpp",
-                                     description="llama.cpp peers: status and example build")
+                                     description="llama.cpp peers: status and program builds")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="is llama-cpp-python usable, is the example built")
-    build = sub.add_parser("build-spec", help=f"build {SPEC_TARGET} into the verispec cache")
-    build.add_argument("--source", default=None,
-                       help="a llama.cpp tree or an unpacked llama-cpp-python sdist "
-                            "(default: download the installed version's sdist with pip)")
-    build.add_argument("--jobs", type=int, default=None)
-    build.add_argument("--force", action="store_true")
+    sub.add_parser("status", help="is llama-cpp-python usable, are the programs built")
+    builders = {"build-spec": (SPEC_TARGET, build_speculative),
+                "build-server": (SERVER_BUILD.target, build_server)}
+    for command, (target, _) in builders.items():
+        build = sub.add_parser(command, help=f"build {target} into the verispec cache")
+        build.add_argument("--source", default=None,
+                           help="a llama.cpp tree or an unpacked llama-cpp-python sdist "
+                                "(default: download the installed version's sdist with pip)")
+        build.add_argument("--jobs", type=int, default=None)
+        build.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "status":
         reason = llamacpp_available()
         state = f"usable, version {_installed_version()}" if reason is None else reason
         print(f"llama-cpp-python: {state}")
         print(f"{SPEC_TARGET}: {speculative_binary() or 'not built with the current flags'}")
+        print(f"{SERVER_BUILD.target}: {server_binary() or 'not built with the current flags'}")
         return 0 if reason is None else 1
-    path = build_speculative(source=args.source, jobs=args.jobs, force=args.force,
-                             progress=lambda m: print(m, file=sys.stderr))
+    path = builders[args.command][1](source=args.source, jobs=args.jobs, force=args.force,
+                                     progress=lambda m: print(m, file=sys.stderr))
     print(path)
     return 0

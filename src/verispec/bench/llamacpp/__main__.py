@@ -1,4 +1,4 @@
-"""``python -m verispec.bench.llamacpp {status,build-spec}``."""
+"""``python -m verispec.bench.llamacpp {status,build-spec,build-server}``."""
 
 from verispec.bench.llamacpp import main
 

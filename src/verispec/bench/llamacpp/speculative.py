@@ -34,10 +34,14 @@ from verispec.models.fetch import cache_dir
 
 __all__ = [
     "BINARY_ENV",
+    "SPEC_BUILD",
+    "BuildTarget",
     "SPEC_TARGET",
     "SpeculativeOutput",
     "build_record",
     "build_speculative",
+    "build_target",
+    "find_binary",
     "parse_speculative_output",
     "prompt_text",
     "run_spec",
@@ -102,13 +106,20 @@ def speculative_binary() -> Path | None:
     with today's ``SPEC_CMAKE_FLAGS`` (an older build may carry ggml's AMX backend, which
     crashes on an AMX CPU); None when there is none such yet (:func:`build_speculative`
     makes it)."""
-    env = os.environ.get(BINARY_ENV)
+    return find_binary(BINARY_ENV, SPEC_BUILD)
+
+
+def find_binary(variable: str, build: BuildTarget) -> Path | None:
+    """The program named by the environment variable ``variable`` if set (it must be an
+    executable file), else ``build``'s finished build in the verispec cache made with its
+    flags, else None."""
+    env = os.environ.get(variable)
     if env:
         path = Path(env).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise FileNotFoundError(f"${BINARY_ENV}={env} is not an executable file")
+            raise FileNotFoundError(f"${variable}={env} is not an executable file")
         return path
-    return _current_build(_build_root())
+    return _current_build(_build_root(), build)
 
 
 def _say(progress: Progress | None, msg: str) -> None:
@@ -161,15 +172,30 @@ def _vendored_source(root: Path, version: str, source: Path | None,
     return src
 
 
-def _current_build(root: Path) -> Path | None:
-    """The binary of the finished build under ``root`` if it was made with today's
-    ``SPEC_CMAKE_FLAGS`` (None: no finished build, or one made with other flags)."""
-    binary = root / "build" / "bin" / SPEC_TARGET
+@dataclass(frozen=True)
+class BuildTarget:
+    """One llama.cpp program verispec builds: its CMake target, the build folder under
+    ``<cache>/llama.cpp/llama-cpp-python-<version>/`` and the flags it is configured with; the
+    record of a finished build is ``<folder>.json`` beside the folder."""
+
+    target: str
+    folder: str
+    flags: tuple[str, ...]
+
+
+SPEC_BUILD = BuildTarget(SPEC_TARGET, "build", SPEC_CMAKE_FLAGS)
+
+
+def _current_build(root: Path, build: BuildTarget = SPEC_BUILD) -> Path | None:
+    """The binary of the finished build under ``root`` if it was made with ``build``'s
+    flags (None: no finished build, or one made with other flags)."""
+    binary = root / build.folder / "bin" / build.target
     try:
-        flags = list(json.loads((root / "build.json").read_text("utf-8"))["cmake_flags"])
+        record = json.loads((root / f"{build.folder}.json").read_text("utf-8"))
+        flags = list(record["cmake_flags"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return binary if binary.is_file() and flags == list(SPEC_CMAKE_FLAGS) else None
+    return binary if binary.is_file() and flags == list(build.flags) else None
 
 
 def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int | None = None,
@@ -179,39 +205,47 @@ def build_speculative(*, source: str | os.PathLike[str] | None = None, jobs: int
     ``<cache>/llama.cpp/llama-cpp-python-<version>/``; return the binary. Needs cmake and a
     C++17 compiler (ninja if present). Reuses a finished build made with the same flags unless
     ``force``."""
+    return build_target(SPEC_BUILD, source=source, jobs=jobs, force=force, progress=progress)
+
+
+def build_target(build: BuildTarget, *, source: str | os.PathLike[str] | None = None,
+                 jobs: int | None = None, force: bool = False,
+                 progress: Progress | None = None) -> Path:
+    """Build one program (``build``) as :func:`build_speculative` describes; return it."""
     version = _installed_version() or LLAMA_CPP_PYTHON_VERSION
     root = _build_root(version)
-    binary = root / "build" / "bin" / SPEC_TARGET
-    if not force and (current := _current_build(root)) is not None:
+    binary = root / build.folder / "bin" / build.target
+    if not force and (current := _current_build(root, build)) is not None:
         return current
     cmake = shutil.which("cmake")
     if cmake is None:
-        raise RuntimeError("building llama-speculative-simple needs cmake (and a C++ compiler); "
+        raise RuntimeError(f"building {build.target} needs cmake (and a C++ compiler); "
                            "install them, e.g. apt-get install cmake g++ (or pip install cmake)")
     root.mkdir(parents=True, exist_ok=True)
-    (root / "build.json").unlink(missing_ok=True)
+    record = root / f"{build.folder}.json"
+    record.unlink(missing_ok=True)
     src = _vendored_source(root, version, Path(source) if source is not None else None,
                            progress)
-    build = root / "build"
-    configure = [cmake, "-S", str(src), "-B", str(build), *SPEC_CMAKE_FLAGS]
+    folder = root / build.folder
+    configure = [cmake, "-S", str(src), "-B", str(folder), *build.flags]
     if shutil.which("ninja"):
         configure[1:1] = ["-G", "Ninja"]
     jobs = jobs or default_threads()
     start = time.monotonic()
     _say(progress, f"configuring llama.cpp ({src})")
-    if build.exists() and force:
-        shutil.rmtree(build)
+    if folder.exists() and force:
+        shutil.rmtree(folder)
     _run_checked(configure, "cmake configure")
-    _say(progress, f"building {SPEC_TARGET} with {jobs} jobs (a few minutes)")
-    _run_checked([cmake, "--build", str(build), "--target", SPEC_TARGET, "-j", str(jobs)],
+    _say(progress, f"building {build.target} with {jobs} jobs (a few minutes)")
+    _run_checked([cmake, "--build", str(folder), "--target", build.target, "-j", str(jobs)],
                  "cmake build")
     if not binary.is_file():
         raise RuntimeError(f"the build finished but {binary} is missing")
     seconds = time.monotonic() - start
-    info = {"llama_cpp_python": version, "source": str(src), "cmake_flags": list(SPEC_CMAKE_FLAGS),
-            "target": SPEC_TARGET, "build_seconds": round(seconds, 1),
+    info = {"llama_cpp_python": version, "source": str(src), "cmake_flags": list(build.flags),
+            "target": build.target, "build_seconds": round(seconds, 1),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (root / "build.json").write_text(json.dumps(info, indent=2) + "\n", "utf-8")
+    record.write_text(json.dumps(info, indent=2) + "\n", "utf-8")
     _say(progress, f"built {binary} in {seconds:.0f}s")
     return binary
 
@@ -424,20 +458,20 @@ CACHE_ENTRIES = ("CMAKE_BUILD_TYPE", "CMAKE_CXX_COMPILER", "GGML_NATIVE", "GGML_
 
 
 def build_record(binary: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The ``build.json`` that :func:`build_speculative` wrote next to ``binary`` (its CMake
+    """The record that :func:`build_target` wrote beside ``binary``'s build folder (its CMake
     flags, the llama-cpp-python version of its sources, ...), with the values of
     :data:`CACHE_ENTRIES` in the build's ``CMakeCache.txt`` (``cmake_cache``); None for a
     binary built elsewhere (e.g. named by ``$VERISPEC_LLAMA_SPECULATIVE``)."""
     parents = Path(binary).resolve().parents
     if len(parents) < 3:
         return None
-    root = parents[2]
+    folder = parents[1]
     try:
-        record = dict(json.loads((root / "build.json").read_text("utf-8")))
+        record = dict(json.loads((folder.parent / f"{folder.name}.json").read_text("utf-8")))
     except (OSError, ValueError, TypeError):
         return None
     try:
-        cache = (root / "build" / "CMakeCache.txt").read_text("utf-8", "replace")
+        cache = (folder / "CMakeCache.txt").read_text("utf-8", "replace")
     except OSError:
         return record
     found = dict(re.findall(r"^(\w+):[A-Z]+=(.*)$", cache, re.MULTILINE))
