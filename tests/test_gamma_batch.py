@@ -21,7 +21,7 @@ from verispec.engine import loop
 from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
                                          batch_saving, choose_gammas)
 from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
-from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts
+from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
@@ -235,6 +235,38 @@ def test_a_batch_reads_the_drafts_context_only_when_the_batch_gains() -> None:
     reading = policies(FLAT, 8)
     assert all(g > 0 for g in choose_gammas(_rows(reading), [MAX_GAMMA] * 8))  # type: ignore[arg-type]
     assert all(p.drafting for p in reading)
+
+
+def test_a_fixed_length_request_reads_when_its_remaining_tokens_repay_the_reading() -> None:
+    """A reading that the saving repays over the whole budget (1.33×) but not over half of
+    it: a request that may stop at any EOS waits (ski rental), one of fixed length (EOS
+    ignored) reads at once, and with one token left it does not read; alone and in a batch
+    of 4 (the batch's saving per row in place of the one-row saving)."""
+    budget, context = 20, 100
+    alpha = AutoGamma(FLAT.single(), max_gamma=MAX_GAMMA).alpha  # the prior
+
+    def policies(saving: float, fixed_length: bool, n: int = 1,
+                 emitted: int = 0) -> list[AutoGamma]:
+        prefill = 0.75 * saving * budget / context  # reading = 0.75 × saving × budget
+        costs = BatchCosts(FLAT.target, FLAT.draft, draft_prefill=prefill).single()
+        out = [AutoGamma(costs, max_gamma=MAX_GAMMA) for _ in range(n)]
+        for p in out:
+            p.start(context, budget, fixed_length=fixed_length)
+            p.emitted = emitted
+        return out
+
+    alone = FLAT.single().saving(alpha, best_gamma(alpha, FLAT.single(), MAX_GAMMA))
+    assert alone > 0
+    assert policies(alone, False)[0].choose() == 0
+    assert policies(alone, True)[0].choose() > 0
+    assert policies(alone, True, emitted=budget - 1)[0].choose() == 0  # one token repays little
+    batch = max(batch_saving(FLAT, 4, alpha, g) for g in range(1, MAX_GAMMA + 1))
+    assert batch > 0
+    for fixed_length in (False, True):
+        rows = policies(batch, fixed_length, 4)
+        gammas = choose_gammas(_rows(rows), [MAX_GAMMA] * 4)  # type: ignore[arg-type]
+        assert all(g > 0 for g in gammas) is fixed_length
+        assert all(p.drafting for p in rows) is fixed_length
 
 
 def test_a_batch_does_not_draft_to_learn_a_new_pair() -> None:

@@ -28,8 +28,9 @@ class GammaPolicy(Protocol):
     def label(self) -> int | str:
         """γ as reported in the statistics (an int, or ``"auto"``)."""
 
-    def start(self, prompt_tokens: int, budget: int) -> None:
-        """The request's prompt length and token budget, before its first iteration."""
+    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False) -> None:
+        """The request's prompt length and token budget, before its first iteration;
+        ``fixed_length``: it decodes its whole budget (EOS ignored)."""
 
     def choose(self, overhead: Overhead | None = None) -> int:
         """γ for the next iteration (the engine caps it by the room left); ``overhead``:
@@ -54,7 +55,7 @@ class FixedGamma:
     def label(self) -> int:
         return self.gamma
 
-    def start(self, prompt_tokens: int, budget: int) -> None:
+    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False) -> None:
         return None
 
     def choose(self, overhead: Overhead | None = None) -> int:
@@ -130,10 +131,12 @@ class AutoGamma:
     estimated α and best γ) over the tokens decoded so far plus ``PAYBACK_SHARE`` of the
     budget. A short prompt drafts from the first token; a long one with a small budget is
     decoded plainly until its output proves long (as in ski rental: by the estimate, the
-    wait loses at most what one reading costs). While it waits it does not probe (a probe
-    would need the reading). So that a pessimistic prior cannot keep a pair from ever
-    drafting, requests with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN``
-    positions draft at least one token per iteration, from the first: they pay a prompt
+    wait loses at most what one reading costs). A request of fixed length (EOS ignored)
+    knows how many tokens it has left: it reads as soon as they would repay the reading.
+    While it waits it does not probe (a probe would need the reading). So that a
+    pessimistic prior cannot keep a pair from ever drafting, requests with a
+    :class:`PairHistory` that knows fewer than ``HISTORY_MIN`` positions draft at least one
+    token per iteration, from the first: they pay a prompt
     reading to learn the pair's acceptance for the requests after them — alone, not in a
     batch: there a drafting row pads every row's pass to its block, which costs the batch
     more than the learning is worth. In a batch of several rows the engine chooses every
@@ -155,10 +158,11 @@ class AutoGamma:
         self.context = 0  # tokens the draft would read at its first draft
         self.emitted = 0
         self.budget = 0
+        self.fixed_length = False  # the request decodes its whole budget
         self.drafting = costs.draft_prefill <= 0.0 or self.min_gamma > 0
 
-    def start(self, prompt_tokens: int, budget: int) -> None:
-        self.context, self.budget = prompt_tokens, budget
+    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False) -> None:
+        self.context, self.budget, self.fixed_length = prompt_tokens, budget, fixed_length
 
     @property
     def label(self) -> str:
@@ -206,8 +210,10 @@ class AutoGamma:
     def _reading_pays(self, saving: float) -> bool:
         """Whether the draft's reading of the context costs no more than ``saving`` (seconds
         per token that drafting saves) over the tokens decoded so far plus PAYBACK_SHARE of
-        the budget."""
+        the budget — or, for a request of fixed length, over the tokens it has left."""
         reading = self.costs.draft_prefill * (self.context + self.emitted)
+        if self.fixed_length:
+            return reading <= saving * (self.budget - self.emitted)
         return reading <= saving * (self.emitted + PAYBACK_SHARE * self.budget)
 
     @property

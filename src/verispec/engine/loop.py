@@ -87,7 +87,8 @@ class Engine:
         prompt = self.target.check_tokens(request.prompt)  # decoding then skips the checks
         row = Row(next(self._ids), request, prompt, stats,
                   state=request.method.new_state())
-        request.gamma.start(len(row.context), request.max_new_tokens)  # type: ignore[union-attr]
+        request.gamma.start(len(row.context), request.max_new_tokens,  # type: ignore[union-attr]
+                            fixed_length=request.ignore_eos)
         self.waiting.append(row)
         return row
 
