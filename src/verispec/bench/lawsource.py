@@ -38,6 +38,7 @@ from verispec.verify import VerifyResult, draw_rows, token_plan
 
 __all__ = [
     "CHUNK_ROWS",
+    "SERVED_SLOTS",
     "FirstTokenBias",
     "Seq",
     "SharedPrefixLM",

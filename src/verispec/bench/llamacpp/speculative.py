@@ -35,8 +35,8 @@ from verispec.models.fetch import cache_dir
 __all__ = [
     "BINARY_ENV",
     "SPEC_BUILD",
-    "BuildTarget",
     "SPEC_TARGET",
+    "BuildTarget",
     "SpeculativeOutput",
     "build_record",
     "build_speculative",
