@@ -19,6 +19,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
 from verispec.bench import serve, serve_report, vllm
+from verispec.bench.server_process import get_json
 from verispec.models.toy import RandomContextLM, ToyTokenizer
 from verispec.server import ServerConfig, ServerHandle, create_app
 
@@ -134,7 +135,7 @@ def test_the_server_is_ready_when_models_answers_and_stops(tmp_path: Path) -> No
     with server:
         proc = server.proc
         assert proc is not None and proc.poll() is None
-        assert vllm._get_json(server.url + "/v1/models") == {"data": [{"id": "m"}]}
+        assert get_json(server.url + "/v1/models") == {"data": [{"id": "m"}]}
     assert server.proc is None and proc.poll() is not None
     failing = vllm.VllmServer([sys.executable, "-c", "print('no such model'); raise SystemExit(3)",
                                "--port", "1"], {}, log_path=tmp_path / "log2")

@@ -25,7 +25,6 @@ from verispec.models.native.linear import SPLIT_ROWS, split_pass_sizes
 from verispec.models.native.weights import int8_layers
 
 
-
 def _times(narrow: dict[int, float], wide: dict[int, float]) -> dict[str, dict[str, float]]:
     return {str(r): {"fbgemm": narrow[r], "onednn": wide[r]} for r in SPLIT_ROWS}
 

@@ -77,7 +77,7 @@ def test_server_argv_listens_on_loopback_with_one_slot_and_the_draft_settings() 
     assert argv[argv.index("--spec-draft-n-min") + 1] == "0"
     assert argv[argv.index("--spec-draft-p-min") + 1] == "0.25"
     assert argv[argv.index("--spec-type") + 1] == "draft-simple"
-    for bad in ({"gamma": 0}, {"p_min": 1.5}):
+    for bad in ({"gamma": 0}, {"p_min": 1.5}, {"slots": 0}):
         kw: dict[str, Any] = {"gamma": 4, "p_min": 0.0, **bad}
         with pytest.raises(ValueError):
             SERVER.server_argv("x", target_gguf="t", draft_gguf="d", port=1, threads=1,
@@ -115,9 +115,9 @@ def test_spec_server_life_cycle_with_a_fake_binary(tmp_path: Path) -> None:
     with server:
         answer = server.complete([1, 2, 3], seed=11, n_predict=4, temperature=1.0)
         assert answer["tokens"] == [100 + (11 * 7 + i) % 5 for i in range(4)]
-        proc = server._proc
+        proc = server.proc
         assert proc is not None and proc.poll() is None
-    assert proc.poll() is not None  # closed with the context
+    assert server.proc is None and proc.poll() is not None  # stopped with the context
     sent = json.loads(log.read_text().splitlines()[0])
     assert sent["prompt"] == [1, 2, 3] and sent["speculative.n_max"] == 3
     argv = json.loads((tmp_path / "requests.jsonl.argv").read_text())
@@ -128,7 +128,7 @@ def test_a_server_that_exits_while_starting_is_reported(tmp_path: Path) -> None:
     binary, _ = _fake(tmp_path, fail=True)
     server = SERVER.SpecServer(target_gguf="t", draft_gguf="d", gamma=1, n_ctx=64, threads=1,
                                binary=binary)
-    with pytest.raises(RuntimeError, match="exited with code 3"):
+    with pytest.raises(RuntimeError, match="llama-server exited with status 3"):
         server.__enter__()
 
 

@@ -41,18 +41,14 @@ import json
 import os
 import shlex
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Literal, Self
+from typing import Literal
 
+from verispec.bench.server_process import ServerProcess, free_port, get_json
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir, model_path
 
 __all__ = [
@@ -92,7 +88,6 @@ Entry = Literal["module", "serve"]
 TCMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
                   "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc_minimal.so.4")
 START_TIMEOUT_S = 900.0  # loading float32 weights and compiling the graphs take minutes
-STOP_TIMEOUT_S = 60.0
 
 
 class VllmNotInstalledError(FileNotFoundError):
@@ -231,102 +226,30 @@ def shell_line(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
     return " ".join(pre + [shlex.quote(a) for a in argv])
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _get_json(url: str, timeout_s: float = 5.0) -> object:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # loopback
-        return json.loads(resp.read().decode("utf-8"))
-
-
 def server_version(url: str) -> str | None:
     """``GET /version`` of an OpenAI-compatible server (vLLM answers it), else None."""
     try:
-        body = _get_json(url.rstrip("/") + "/version")
+        body = get_json(url.rstrip("/") + "/version")
     except (OSError, ValueError):
         return None
     version = body.get("version") if isinstance(body, dict) else None
     return str(version) if version is not None else None
 
 
-class VllmServer:
-    """vLLM's server as a subprocess (its own process group), ready once ``/v1/models``
-    answers. Its output goes to ``log_path`` (default: ``verispec-vllm-PORT.log`` in the
-    temporary directory)."""
+class VllmServer(ServerProcess):
+    """vLLM's server as a subprocess (:class:`~verispec.bench.server_process.ServerProcess`),
+    ready once ``/v1/models`` answers. Its output goes to ``log_path`` (default:
+    ``verispec-vllm-PORT.log`` in the temporary directory)."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], *,
                  log_path: Path | None = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
-        self.argv, self.env = list(argv), dict(env)
-        port = self.argv[self.argv.index("--port") + 1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path or Path(tempfile.gettempdir()) / f"verispec-vllm-{port}.log"
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(argv, env, name="vLLM", ready_path="/v1/models",
+                         start_timeout_s=start_timeout_s, log_path=log_path)
 
     @property
     def command(self) -> str:
         """The shell line that starts it."""
         return shell_line(self.argv, self.env)
-
-    def log_tail(self, chars: int = 3000) -> str:
-        """The end of the server's output."""
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def start(self) -> str:
-        """Start it and wait until it answers; returns its URL. Raises RuntimeError (with
-        the end of its output) if it exits or is not ready within ``start_timeout_s``."""
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env={**os.environ, **self.env})
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with status {self.proc.returncode} before "
-                                   f"serving; the end of {self.log_path}:\n{self.log_tail()}")
-            try:
-                _get_json(self.url + "/v1/models", timeout_s=2.0)
-                return self.url
-            except (OSError, ValueError):
-                time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"vLLM did not answer within {self.start_timeout_s:.0f} s; the end "
-                           f"of {self.log_path}:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM to its process group, SIGKILL after :data:`STOP_TIMEOUT_S`."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 30.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-            try:  # the leader is gone: reap what is left of its group
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from verispec.bench.llamacpp.library import Progress, default_threads
@@ -35,8 +31,10 @@ from verispec.bench.llamacpp.speculative import (
     SPEC_CMAKE_FLAGS,
     BuildTarget,
     build_target,
+    check_draft_settings,
     find_binary,
 )
+from verispec.bench.server_process import HOST, ServerProcess, free_port
 
 __all__ = [
     "SERVER_BUILD",
@@ -49,7 +47,6 @@ __all__ = [
     "spec_budget",
 ]
 
-HOST = "127.0.0.1"
 SERVER_ENV = "VERISPEC_LLAMA_SERVER"
 """Environment variable naming a ready ``llama-server`` binary to use instead."""
 
@@ -97,11 +94,9 @@ def server_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.PathLik
     the draft model and γ =
     ``--spec-draft-n-max`` (``--spec-draft-n-min 0``, ``--spec-draft-p-min p_min``), listening
     on 127.0.0.1 only; the sampler chain is set per request (:func:`completion_body`)."""
-    if gamma < 1 or slots < 1:
-        raise ValueError(f"llama-server speculation needs gamma >= 1 and slots >= 1, got "
-                         f"{gamma}, {slots}")
-    if not 0.0 <= p_min <= 1.0:
-        raise ValueError(f"p_min must be in [0, 1], got {p_min}")
+    check_draft_settings(gamma, p_min)
+    if slots < 1:
+        raise ValueError(f"llama-server needs slots >= 1, got {slots}")
     t = str(threads)
     return [
         str(binary), "-m", str(target_gguf), "-md", str(draft_gguf),
@@ -129,68 +124,23 @@ def completion_body(prompt: Sequence[int], *, seed: int, n_predict: int, tempera
     }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class SpecServer:
-    """A running ``llama-server`` with the draft model (a context manager): ``complete``
-    returns the generated ids of one seeded request (thread-safe: up to ``slots`` requests
-    run at once, batched by the server). Its log goes to ``log_path``."""
+class SpecServer(ServerProcess):
+    """A running ``llama-server`` with the draft model
+    (:class:`~verispec.bench.server_process.ServerProcess`, ready once ``/health`` answers):
+    ``complete`` returns the generated ids of one seeded request (thread-safe: up to
+    ``slots`` requests run at once, batched by the server)."""
 
     def __init__(self, *, target_gguf: str | os.PathLike[str], draft_gguf: str | os.PathLike[str],
                  gamma: int, n_ctx: int, threads: int | None = None, p_min: float = 0.0,
                  slots: int = 1, binary: str | os.PathLike[str] | None = None,
-                 log_path: str | os.PathLike[str] | None = None,
-                 progress: Progress | None = None) -> None:
+                 log_path: Path | None = None, progress: Progress | None = None) -> None:
         found = binary or server_binary() or build_server(progress=progress)
-        self.gamma, self.p_min, self.port = gamma, p_min, _free_port()
-        self.argv = server_argv(found, target_gguf=target_gguf, draft_gguf=draft_gguf,
-                                port=self.port, gamma=gamma, threads=threads or default_threads(),
-                                n_ctx=n_ctx, p_min=p_min, slots=slots)
-        self.slots = slots
-        self.log_path = Path(log_path) if log_path else None
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> SpecServer:
-        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            self._proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    def _url(self, path: str) -> str:
-        return f"http://{HOST}:{self.port}{path}"
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with code {self._proc.returncode} while "
-                                   f"starting ({' '.join(self.argv)}; log: {self.log_path})")
-            try:
-                with urllib.request.urlopen(self._url("/health"), timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s")
+        self.gamma, self.p_min = gamma, p_min
+        argv = server_argv(found, target_gguf=target_gguf, draft_gguf=draft_gguf,
+                           port=free_port(), gamma=gamma, threads=threads or default_threads(),
+                           n_ctx=n_ctx, p_min=p_min, slots=slots)
+        super().__init__(argv, {}, name="llama-server", ready_path="/health",
+                         start_timeout_s=START_TIMEOUT_S, log_path=log_path)
 
     def complete(self, prompt: Sequence[int], *, seed: int, n_predict: int,
                  temperature: float) -> dict[str, Any]:
@@ -198,10 +148,10 @@ class SpecServer:
         whose ``tokens`` are the generated ids."""
         body = completion_body(prompt, seed=seed, n_predict=n_predict, temperature=temperature,
                                gamma=self.gamma, p_min=self.p_min)
-        req = urllib.request.Request(self._url("/completion"), data=json.dumps(body).encode(),
+        req = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:  # loopback
                 answer = dict(json.loads(r.read()))
         except urllib.error.HTTPError as exc:
             raise RuntimeError(f"llama-server answered {exc.code}: "
@@ -209,14 +159,3 @@ class SpecServer:
         if not isinstance(answer.get("tokens"), list):
             raise RuntimeError(f"llama-server returned no token ids: {str(answer)[:300]}")
         return answer
-
-    def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

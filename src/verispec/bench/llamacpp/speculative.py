@@ -41,6 +41,7 @@ __all__ = [
     "build_record",
     "build_speculative",
     "build_target",
+    "check_draft_settings",
     "find_binary",
     "parse_speculative_output",
     "prompt_text",
@@ -250,6 +251,14 @@ def build_target(build: BuildTarget, *, source: str | os.PathLike[str] | None = 
     return binary
 
 
+def check_draft_settings(gamma: int, p_min: float) -> None:
+    """llama.cpp's draft settings: γ = ``--spec-draft-n-max`` ≥ 1, ``p_min`` in [0, 1]."""
+    if gamma < 1:
+        raise ValueError(f"llamacpp-spec needs gamma >= 1, got {gamma}")
+    if not 0.0 <= p_min <= 1.0:
+        raise ValueError(f"p_min must be in [0, 1], got {p_min}")
+
+
 def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.PathLike[str],
                      draft_gguf: str | os.PathLike[str], prompt_file: str | os.PathLike[str],
                      gamma: int, temperature: float, seed: int, max_new_tokens: int,
@@ -273,10 +282,7 @@ def speculative_argv(binary: str | os.PathLike[str], *, target_gguf: str | os.Pa
     ids and the last accepted id, from which the generated ids are read exactly (this logging
     costs no measurable CPU time).
     """
-    if gamma < 1:
-        raise ValueError(f"llamacpp-spec needs gamma >= 1, got {gamma}")
-    if not 0.0 <= p_min <= 1.0:
-        raise ValueError(f"p_min must be in [0, 1], got {p_min}")
+    check_draft_settings(gamma, p_min)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     t = str(threads)
