@@ -18,6 +18,8 @@ torch sees no GPU. int8 and int4 are CPU kernels: on CUDA they are refused
 4. The batched engine at T = 1 on the device, 4,000 seeded requests of 2 tokens, 64 rows at a
    time: the first token follows the target's softmax (64 cells); the verifier that draws Y
    from p after a rejection is caught.
+5. γ auto on the device: every iteration's passes are timed (on CUDA with the device
+   synchronised) and set the levels of its next choices; at T = 0 its tokens are ``ar``'s.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from test_statistical import (
 from verifier_doubles import TargetResidual
 
 from verispec import generate, generate_batch
+from verispec.engine.batch_gamma import LEVEL_WINDOW, IterationOverhead
+from verispec.engine.costs import measure_costs
+from verispec.engine.gamma import AutoGamma
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import Method
 from verispec.engine.request import Request
@@ -201,3 +206,37 @@ def test_generate_batch_on_the_device_equals_one_at_a_time(modules: dict[int, An
         alone = generate(target, draft, prompt, method="block", gamma=3, temperature=1,
                          seed=seed, max_new_tokens=10)
         assert result.tokens == alone.tokens
+
+
+# 5. γ auto's re-timed passes on the device -----------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gamma_auto_times_its_passes_on_the_device(modules: dict[int, Any], device: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ``auto`` rows that must draft (γ ≥ 1): every iteration records its draft steps
+    and target pass against the grid timed on the device, timed on CUDA between
+    synchronisations (three per iteration: the time is the passes', not their launches');
+    at T = 0 the tokens are ``ar``'s."""
+    target, draft = _pair(modules, device)
+    costs = measure_costs(target, draft, context=8, reps=1)
+    syncs: list[object] = []
+    if device == "cuda":
+        real = torch.cuda.synchronize
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: (syncs.append(d), real(d)))
+    method = build_method("block")
+    sampling = method.adjust_sampling(Sampling(temperature=0.0))
+    drafter = make_drafter(target, draft, method)
+    prompts = [PROMPT, [7, 7, 7, 1, 2]]
+    overhead = IterationOverhead()
+    engine = Engine(target.spawn(), batch_size=2, overhead=overhead)
+    outs = engine.run([Request(list(p), method, sampling, 10,
+                               Randomness(torch.Generator(device=torch.device(device))),
+                               AutoGamma(costs, max_gamma=3, min_gamma=1), drafter)
+                       for p in prompts])
+    assert overhead.iterations == engine.passes > 0
+    assert len(overhead.target_level.ratios) == min(engine.passes, LEVEL_WINDOW)
+    assert overhead.draft_level.ratios and all(r > 0 for r in overhead.draft_level.ratios)
+    assert len(syncs) >= (3 * engine.passes if device == "cuda" else 0)
+    for prompt, out in zip(prompts, outs, strict=True):
+        ar = generate(target, draft, prompt, method="ar", temperature=0, max_new_tokens=10)
+        assert out.tokens == ar.tokens

@@ -94,19 +94,22 @@ def test_batch_choice_respects_floors_caps_and_fixed_rows() -> None:
 
 
 class ScriptedOverhead(IterationOverhead):
-    """Records, in place of the wall time, the grid's passes plus ``per_position`` seconds
-    per drafted position: a deterministic engine overhead (the replayed runs must take the
-    same decisions for the same random draws)."""
+    """Records, in place of the wall time, passes at ``levels`` (draft, target) times the
+    grid's plus ``per_position`` seconds per drafted position: a deterministic engine
+    (the replayed runs must take the same decisions for the same random draws)."""
 
-    def __init__(self, per_position: float) -> None:
+    def __init__(self, per_position: float, levels: tuple[float, float] = (1.0, 1.0)) -> None:
         super().__init__()
-        self.per_position = per_position
+        self.per_position, self.levels = per_position, levels
 
-    def record(self, rows: Sequence[object], gammas: Sequence[int], seconds: float) -> None:
+    def record(self, rows: Sequence[object], gammas: Sequence[int], seconds: float,
+               passes: tuple[float, float] | None = None) -> None:
         costs = rows[0].request.gamma.costs.batch  # type: ignore[attr-defined]
         g = max(gammas)
-        scripted = costs.iteration(len(rows), g) + self.per_position * len(rows) * g
-        super().record(rows, gammas, scripted)  # type: ignore[arg-type]
+        scripted = (self.levels[0] * g * costs.draft_step(len(rows)),
+                    self.levels[1] * costs.target_pass(len(rows), g + 1))
+        super().record(rows, gammas, sum(scripted) + self.per_position * len(rows) * g,  # type: ignore[arg-type]
+                       scripted)
 
 
 def test_overhead_is_learned_from_iterations() -> None:
@@ -119,6 +122,59 @@ def test_overhead_is_learned_from_iterations() -> None:
         learned.observe(rows, g, c0 + c1 * rows + c2 * rows * g)
     assert learned.predict(8, 6) == pytest.approx(c0 + c1 * 8 + c2 * 48, rel=0.02)
     assert learned.predict(3, 0) == pytest.approx(c0 + c1 * 3, rel=0.02)
+
+
+def test_pass_levels_follow_the_measured_passes() -> None:
+    """Iterations whose draft steps run at 0.8× the grid and whose target passes run at
+    1.25×: the predicted drift is exactly that at every shape, the engine's own time is what
+    is left beyond the measured passes, and one pass slowed by another process moves
+    neither level."""
+    learned = IterationOverhead()
+    policy = AutoGamma(LINEAR.single(), max_gamma=MAX_GAMMA)
+    own = 0.003
+    for i in range(40):
+        rows, g = 1 + i % 3, i % 4
+        passes = (0.8 * g * LINEAR.draft_step(rows), 1.25 * LINEAR.target_pass(rows, g + 1))
+        if i == 17:
+            passes = (passes[0], 10 * passes[1])  # a busy moment
+        learned.record(_rows([policy] * rows), [g] * rows, sum(passes) + own, passes)  # type: ignore[arg-type]
+    assert learned.draft_level.scale == pytest.approx(0.8)
+    assert learned.target_level.scale == pytest.approx(1.25)
+    want = -0.2 * 6 * LINEAR.draft_step(8) + 0.25 * LINEAR.target_pass(8, 7)
+    assert learned.drift(8, 6) == pytest.approx(want)
+    assert learned.predict(8, 6) == pytest.approx(want + learned.own_time(8, 6))
+    assert learned.own_time(2, 1) == pytest.approx(own, rel=0.2)
+
+
+#: Draft steps that the start-up grid overprices: alone, at the prior α, drafting does not
+#: pay at the grid's draft step and does at a fifth of it.
+DEAR_DRAFT = BatchCosts(target={(r, k): 0.1 + 0.02 * r * k for r in ROWS for k in KS},
+                        draft=dict.fromkeys(ROWS, 0.1))
+
+
+def test_measured_passes_flip_the_choice_the_grid_made() -> None:
+    """A request alone on a grid whose draft step is 5× what the draft now takes: from the
+    grid it decodes plainly; once iterations have measured the draft at a fifth of the grid
+    it drafts. Both ways of being wrong are corrected: a grid that underprices the draft
+    by as much leads to drafting until the measured draft steps stop it."""
+
+    def alone(costs: BatchCosts) -> list[SimpleNamespace]:
+        policy = AutoGamma(costs.single(), max_gamma=MAX_GAMMA)
+        policy.start(1, 100)
+        return _rows([policy])
+
+    def measured(costs: BatchCosts, level: float) -> IterationOverhead:
+        overhead = IterationOverhead()
+        for g in [1, 2] * 6:
+            passes = (level * g * costs.draft_step(1), costs.target_pass(1, g + 1))
+            overhead.record(alone(costs), [g], sum(passes), passes)  # type: ignore[arg-type]
+        return overhead
+
+    cheap = BatchCosts(target=DEAR_DRAFT.target, draft=dict.fromkeys(ROWS, 0.02))
+    assert choose_gammas(alone(DEAR_DRAFT), [MAX_GAMMA], IterationOverhead()) == [0]  # type: ignore[arg-type]
+    assert choose_gammas(alone(DEAR_DRAFT), [MAX_GAMMA], measured(DEAR_DRAFT, 0.2))[0] > 0  # type: ignore[arg-type]
+    assert choose_gammas(alone(cheap), [MAX_GAMMA], IterationOverhead())[0] > 0  # type: ignore[arg-type]
+    assert choose_gammas(alone(cheap), [MAX_GAMMA], measured(cheap, 5.0)) == [0]  # type: ignore[arg-type]
 
 
 #: A target pass that grows steeply with its tokens: alone, at the prior α, drafting does
@@ -311,7 +367,8 @@ def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:
 
 def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequence[int]],
                        budgets: Sequence[int], costs: PassCosts, batch_size: int,
-                       per_position: float = 0.0) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
+                       per_position: float = 0.0, levels: tuple[float, float] = (1.0, 1.0),
+                       ) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
                                   RandomContextLM]:
     target, draft = RandomContextLM(2, seed=41), RandomContextLM(2, seed=42)
     m = build_method(method) if isinstance(method, str) else method
@@ -319,7 +376,7 @@ def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequen
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
         maker = make_drafter(target, draft.spawn(), m)
         engine = Engine(target.spawn(), batch_size=batch_size,
-                        overhead=ScriptedOverhead(per_position))
+                        overhead=ScriptedOverhead(per_position, levels))
         reqs = [Request(list(p), m, m.adjust_sampling(Sampling()), n, r,
                         AutoGamma(costs, max_gamma=3), maker)
                 for p, n, r in zip(prompts, budgets, randoms, strict=True)]
@@ -333,14 +390,16 @@ BATCHES = {2: ([[0, 1, 1], [1]], [3, 3]), 3: ([[0, 1, 1], [1], [0]], [2, 3, 2])}
 
 
 @pytest.mark.parametrize("rows", sorted(BATCHES))
-@pytest.mark.parametrize(("method", "per_position"), [("token", 0.0), ("block", 0.0),
-                                                      ("block", 0.05)])
-def test_batch_chosen_gamma_stays_exact(method: str, per_position: float, rows: int,
+@pytest.mark.parametrize(("method", "per_position", "levels"),
+                         [("token", 0.0, (1.0, 1.0)), ("block", 0.0, (1.0, 1.0)),
+                          ("block", 0.05, (1.0, 1.0)), ("block", 0.0, (0.5, 1.2))])
+def test_batch_chosen_gamma_stays_exact(method: str, per_position: float,
+                                        levels: tuple[float, float], rows: int,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` rows whose γ the batch policy chooses from all rows' acceptances and the
-    engine overhead learned from earlier iterations (so it moves between 0 and drafting as
-    they accept or reject): the joint law of their outputs is the product of the target
-    laws."""
+    """``auto`` rows whose γ the batch policy chooses from all rows' acceptances, the
+    engine overhead and the passes' levels learned from earlier iterations (so it moves
+    between 0 and drafting as they accept or reject): the joint law of their outputs is
+    the product of the target laws."""
     assert _choice(BALANCED, rows, 0.3)[0] == 0 < _choice(BALANCED, rows, 0.9)[0]
     seen: set[tuple[int, ...]] = set()
     real = loop.choose_gammas
@@ -355,7 +414,7 @@ def test_batch_chosen_gamma_stays_exact(method: str, per_position: float, rows: 
     monkeypatch.setattr(loop, "choose_gammas", spy)
     prompts, budgets = BATCHES[rows]
     run, target = _auto_batch_runner(method, prompts, budgets, BALANCED.single(), rows,
-                                     per_position)
+                                     per_position, levels)
     law = engine_law(run, rows=rows)
     assert any(max(g) == 0 for g in seen) and any(max(g) > 0 for g in seen)
     want: dict[tuple[tuple[int, ...], ...], float] = {(): 1.0}

@@ -31,18 +31,24 @@ one row, or one whose ``auto`` rows have no measured batch grid (or different on
 given the per-request choice of :meth:`AutoGamma.choose` (a row alone with the engine's
 learned overhead below, so its choice too counts the engine's own time per iteration).
 
-**The engine's own time.** Outside the model passes an iteration also gathers p and q,
-verifies, samples and feeds the drafters, and that work grows with the rows and the drafted
-positions (every position handles a vocabulary-wide distribution). The start-up grid times
-passes only, so each engine learns the rest from its own batched iterations
-(:class:`IterationOverhead`) and the rate above divides by passes plus that overhead. The
-overhead is estimated from earlier iterations only, so the choice still depends only on the
-past.
+**The engine's own time and the passes' drift.** Outside the model passes an iteration also
+gathers p and q, verifies, samples and feeds the drafters, and that work grows with the rows
+and the drafted positions (every position handles a vocabulary-wide distribution). The
+start-up grid times passes only, and on a shared machine the passes themselves drift from
+their start-up times (a busy minute at start-up, a guest that changes speed). So each engine
+times its own iterations (:class:`IterationOverhead`): the draft steps and the target pass
+of every iteration set the current level of each kind of pass against the grid
+(:class:`PassLevel`: the grid gives the shape, recent passes the level), and the time left
+over is the engine's own, fitted in rows and drafted positions. The rate above divides by
+the re-levelled passes plus that time. Both are estimated from earlier iterations only, so
+the choice still depends only on the past.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,8 +58,8 @@ from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["IterationOverhead", "RowDemand", "batch_choice", "batch_saving", "choose_gammas",
-           "iteration_seconds"]
+__all__ = ["IterationOverhead", "PassLevel", "RowDemand", "batch_choice", "batch_saving",
+           "choose_gammas", "iteration_seconds", "retimed"]
 
 
 @dataclass(frozen=True)
@@ -87,19 +93,46 @@ OVERHEAD_DECAY = 0.99
 #: Ridge weight pulling every overhead coefficient toward 0 (an unexplored draft length is
 #: assumed free, so the policy tries it and learns its cost).
 OVERHEAD_RIDGE = 0.1
+#: Passes of one kind whose times set its current level (:class:`PassLevel`): enough that
+#: one pass slowed by another process does not move the median, few enough that a change
+#: of the machine's speed shows within a few seconds of decoding.
+LEVEL_WINDOW = 24
+
+
+class PassLevel:
+    """How fast one kind of pass (draft step, target pass) runs now relative to the start-up
+    grid: the median of measured / predicted over its last :data:`LEVEL_WINDOW` passes
+    (1 before any). The grid keeps the shape (how a pass grows with rows and tokens); this
+    factor follows its level."""
+
+    def __init__(self) -> None:
+        self.ratios: deque[float] = deque(maxlen=LEVEL_WINDOW)
+
+    def observe(self, measured: float, predicted: float) -> None:
+        if measured > 0.0 and predicted > 0.0:
+            self.ratios.append(measured / predicted)
+
+    @property
+    def scale(self) -> float:
+        return statistics.median(self.ratios) if self.ratios else 1.0
 
 
 class IterationOverhead:
     """Seconds an iteration of R cache rows with longest draft g costs beyond the passes the
-    grid predicts, learned from the engine's own batched iterations:
+    start-up grid predicts, learned from the engine's own iterations. Two parts:
 
-        overhead(R, g) ≈ c₀ + c₁·R + c₂·R·g
+    * **drift of the passes**: each iteration's measured draft steps and target pass set the
+      current :class:`PassLevel` of each kind against the grid, so the passes are predicted
+      at (level − 1) × their grid time beyond it (negative when they now run faster);
+    * **the engine's own time** (what an iteration takes beyond its measured passes):
+      c₀ + c₁·R + c₂·R·g, fitted by least squares with exponential forgetting
+      (:data:`OVERHEAD_DECAY` per iteration) and a ridge toward 0 (:data:`OVERHEAD_RIDGE`),
+      never predicted negative.
 
-    fitted by least squares with exponential forgetting (:data:`OVERHEAD_DECAY` per
-    iteration) and a ridge toward 0 (:data:`OVERHEAD_RIDGE`). It absorbs both the engine's
-    work outside the passes and any drift of the passes from their start-up timing.
-    Iterations of one row are recorded too: a request alone weighs the same time (R = 1) in
-    its own choice."""
+    An iteration recorded without its pass times (``passes`` None) leaves the levels alone
+    and fits everything beyond the grid's passes as the engine's own time. Iterations of
+    one row are recorded too: a request alone weighs the same time (R = 1) in its own
+    choice."""
 
     FEATURES = 3
 
@@ -109,19 +142,33 @@ class IterationOverhead:
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
         self.coef = [0.0] * self.FEATURES  # c₀, c₁, c₂ as floats (predict runs per row and g)
         self.iterations = 0
+        self.draft_level, self.target_level = PassLevel(), PassLevel()
+        self.grid: BatchCosts | None = None  # the grid the levels are relative to
 
     @staticmethod
     def _features(rows: int, g: int) -> torch.Tensor:
         return torch.tensor([1.0, rows, rows * g], dtype=torch.float64)  # [3]
 
-    def predict(self, rows: int, g: int) -> float:
-        """Seconds beyond the passes (never negative)."""
+    def own_time(self, rows: int, g: int) -> float:
+        """The engine's own seconds per iteration beyond its passes (never negative)."""
         c0, c1, c2 = self.coef
         return max(c0 + c1 * rows + c2 * rows * g, 0.0)
 
+    def drift(self, rows: int, g: int) -> float:
+        """Seconds the passes of an iteration now take beyond the grid's prediction."""
+        grid = self.grid
+        if grid is None:
+            return 0.0
+        return ((self.draft_level.scale - 1.0) * g * grid.draft_step(rows)
+                + (self.target_level.scale - 1.0) * grid.target_pass(rows, g + 1))
+
+    def predict(self, rows: int, g: int) -> float:
+        """Seconds beyond the grid's passes: the passes' drift plus the engine's own time."""
+        return self.drift(rows, g) + self.own_time(rows, g)
+
     def observe(self, rows: int, g: int, seconds: float) -> None:
-        """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` more
-        than the grid's passes."""
+        """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
+        engine's own time."""
         f = self._features(rows, g)
         self.gram = self.gram * OVERHEAD_DECAY + torch.outer(f, f)
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
@@ -129,15 +176,31 @@ class IterationOverhead:
         self.coef = torch.linalg.solve(self.gram + ridge, self.moment).tolist()
         self.iterations += 1
 
-    def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float) -> None:
+    def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float,
+               passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
-        acceptance): recorded against the grid of its ``auto`` rows, if they share one."""
+        acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
+        against the grid of its ``auto`` rows, if they share one."""
         costs = _shared_costs([r.request.gamma for r in rows])
         if costs is None:
             return
+        self.grid = costs
         cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
         g = max(gammas, default=0)
-        self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g))
+        if passes is None:
+            self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g))
+            return
+        drafting, scoring = passes
+        if g > 0:
+            self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
+        self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
+        self.observe(cache_rows, g, seconds - drafting - scoring)
+
+
+def retimed(rows: Sequence[Row]) -> bool:
+    """Whether the γ of these rows is chosen from a measured grid (their iterations' pass
+    times are then worth measuring: :meth:`IterationOverhead.record`)."""
+    return _shared_costs([r.request.gamma for r in rows]) is not None
 
 
 def _cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:

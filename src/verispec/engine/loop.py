@@ -29,7 +29,7 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Draft
-from verispec.engine.batch_gamma import IterationOverhead, choose_gammas
+from verispec.engine.batch_gamma import IterationOverhead, choose_gammas, retimed
 from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
 from verispec.engine.memory import keep_freed_memory
 from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
@@ -44,15 +44,16 @@ K = TypeVar("K")
 
 
 class PhaseClock:
-    """Host timestamps, synchronised with the device only when profiling on CUDA."""
+    """Host timestamps, synchronised with the device when profiling on CUDA (or when a call
+    asks: the passes of an iteration whose γ is chosen from their times)."""
 
     def __init__(self, device: torch.device, profile: bool) -> None:
         self.sync = profile and device.type == "cuda"
         self.enabled = profile or device.type != "cuda"  # CPU timing is free and exact
         self.device = device
 
-    def __call__(self) -> float:
-        if self.sync:
+    def __call__(self, sync: bool = False) -> float:
+        if self.device.type == "cuda" and (self.sync or sync):
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
@@ -118,17 +119,19 @@ class Engine:
         if rows:
             start, reading = self.overhead.clock(), _reading_time(rows)
             gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows], self.overhead)
-            t0 = self.clock()
+            timed = retimed(rows)  # the passes' times then feed the next choices
+            t0 = self.clock(timed)
             drafts = self._draft(rows, gammas)  # 1. draft
-            t1 = self.clock()
+            t1 = self.clock(timed)
+            # the draft's first reading of a context is a one-time cost, not the iteration's
+            reading = _reading_time(rows) - reading
             scored = score_blocks(self.target, rows, drafts)  # 2. score: one target pass
-            t2 = self.clock()
+            t2 = self.clock(timed)
             results = self._verify(rows, drafts, scored)  # 3. verify, per method
             t3 = self.clock()
             self._accept(rows, drafts, scored, results)  # 4. accept, roll back, feed back
-            # the draft's first reading of a context is a one-time cost, not the iteration's
-            self.overhead.record(rows, gammas, self.overhead.clock() - start
-                                 - (_reading_time(rows) - reading))
+            passes = (max(t1 - t0 - reading, 0.0), t2 - t1) if timed else None
+            self.overhead.record(rows, gammas, self.overhead.clock() - start - reading, passes)
             self.passes += 1
             self._time(rows, {"draft": t1 - t0, "target": t2 - t1, "verify": t3 - t2})
         return finished + self._retire()
