@@ -124,26 +124,71 @@ def test_overhead_is_learned_from_iterations() -> None:
     assert learned.predict(3, 0) == pytest.approx(c0 + c1 * 3, rel=0.02)
 
 
-def test_pass_levels_follow_the_measured_passes() -> None:
-    """Iterations whose draft steps run at 0.8× the grid and whose target passes run at
-    1.25×: the predicted drift is exactly that at every shape, the engine's own time is what
-    is left beyond the measured passes, and one pass slowed by another process moves
-    neither level."""
+def _levelled(busy: int | None) -> IterationOverhead:
+    """40 iterations of 1–3 rows, draft steps at 0.8× the grid, target passes at 1.25×, and
+    3 ms of the engine's own; iteration ``busy`` has a target pass 10× slower."""
     learned = IterationOverhead()
     policy = AutoGamma(LINEAR.single(), max_gamma=MAX_GAMMA)
-    own = 0.003
     for i in range(40):
         rows, g = 1 + i % 3, i % 4
         passes = (0.8 * g * LINEAR.draft_step(rows), 1.25 * LINEAR.target_pass(rows, g + 1))
-        if i == 17:
-            passes = (passes[0], 10 * passes[1])  # a busy moment
-        learned.record(_rows([policy] * rows), [g] * rows, sum(passes) + own, passes)  # type: ignore[arg-type]
-    assert learned.draft_level.scale == pytest.approx(0.8)
-    assert learned.target_level.scale == pytest.approx(1.25)
+        if i == busy:
+            passes = (passes[0], 10 * passes[1])
+        learned.record(_rows([policy] * rows), [g] * rows, sum(passes) + 0.003, passes)  # type: ignore[arg-type]
+    return learned
+
+
+def test_pass_levels_follow_the_measured_passes() -> None:
+    """Draft steps at 0.8× the grid and target passes at 1.25×: the predicted drift is
+    exactly that at every shape, the engine's own time is what is left beyond the
+    re-levelled passes, and one pass slowed by another process moves neither level."""
+    learned = _levelled(busy=None)
     want = -0.2 * 6 * LINEAR.draft_step(8) + 0.25 * LINEAR.target_pass(8, 7)
     assert learned.drift(8, 6) == pytest.approx(want)
     assert learned.predict(8, 6) == pytest.approx(want + learned.own_time(8, 6))
-    assert learned.own_time(2, 1) == pytest.approx(own, rel=0.2)
+    assert learned.own_time(2, 1) == pytest.approx(0.003, rel=0.2)
+    busy = _levelled(busy=17)
+    assert busy.draft_level.scale == pytest.approx(0.8)
+    assert busy.target_level.scale == pytest.approx(1.25)
+
+
+def test_a_shape_the_grid_underprices_is_learned() -> None:
+    """A grid on which 8 rows draft (extra tokens nearly free); the engine measures one-token
+    passes as the grid says (the level stays 1) and multi-token passes dearer than its shape
+    says: the excess is learned beyond the re-levelled passes and the batch decodes
+    plainly."""
+    cheap_tokens = _grid(lambda r, k: 0.3 + 0.1 * r + 0.02 * r * k)
+    policy = AutoGamma(cheap_tokens.single(), max_gamma=MAX_GAMMA)
+    demands = [RowDemand(ALPHA, 0, MAX_GAMMA)] * 8
+    assert all(g > 0 for g in batch_choice(demands, cheap_tokens))
+    learned = IterationOverhead()
+    for i in range(60):
+        g = [0, 0, 0, 2, 4][i % 5]
+        passes = (g * cheap_tokens.draft_step(8), cheap_tokens.target_pass(8, g + 1) + 0.15 * 8 * g)
+        learned.record(_rows([policy] * 8), [g] * 8, sum(passes), passes)  # type: ignore[arg-type]
+    assert learned.target_level.scale == pytest.approx(1.0)
+    assert batch_choice(demands, cheap_tokens, learned) == [0] * 8
+
+
+def test_a_noisy_grid_is_made_monotone() -> None:
+    """Timings that say more work is cheaper (a busy moment during the start-up timing) are
+    pooled with their neighbours: the fit is non-decreasing in tokens and in rows, and a
+    monotone grid is left as it is."""
+    assert LINEAR.monotone() == LINEAR
+    noisy = dict(LINEAR.target)
+    noisy[(4, 8)] = 0.8 * LINEAR.target[(4, 4)]  # 8 tokens cheaper than 4
+    noisy[(8, 1)] = 0.9 * LINEAR.target[(4, 1)]  # 8 rows cheaper than 4
+    fit = BatchCosts(target=noisy, draft={1: 0.03, 2: 0.02, 4: 0.04, 8: 0.05}).monotone()
+    for r in ROWS:
+        ks = fit.ks(r)
+        assert all(fit.target[(r, a)] <= fit.target[(r, b)] for a, b in zip(ks, ks[1:]))
+    for k in KS:
+        rs = [r for r in ROWS if (r, k) in fit.target]
+        assert all(fit.target[(a, k)] <= fit.target[(b, k)] for a, b in zip(rs, rs[1:]))
+    assert fit.target[(4, 1)] == fit.target[(8, 1)] == pytest.approx(
+        (LINEAR.target[(4, 1)] + noisy[(8, 1)]) / 2)
+    assert fit.target[(1, 1)] == LINEAR.target[(1, 1)]
+    assert fit.draft == {1: 0.025, 2: 0.025, 4: 0.04, 8: 0.05}
 
 
 #: Draft steps that the start-up grid overprices: alone, at the prior α, drafting does not

@@ -39,7 +39,8 @@ their start-up times (a busy minute at start-up, a guest that changes speed). So
 times its own iterations (:class:`IterationOverhead`): the draft steps and the target pass
 of every iteration set the current level of each kind of pass against the grid
 (:class:`PassLevel`: the grid gives the shape, recent passes the level), and the time left
-over is the engine's own, fitted in rows and drafted positions. The rate above divides by
+over beyond the re-levelled passes is fitted in rows and drafted positions (the engine's
+own work, and what the grid's shape misses). The rate above divides by
 the re-levelled passes plus that time. Both are estimated from earlier iterations only, so
 the choice still depends only on the past.
 """
@@ -124,15 +125,15 @@ class IterationOverhead:
     * **drift of the passes**: each iteration's measured draft steps and target pass set the
       current :class:`PassLevel` of each kind against the grid, so the passes are predicted
       at (level − 1) × their grid time beyond it (negative when they now run faster);
-    * **the engine's own time** (what an iteration takes beyond its measured passes):
-      c₀ + c₁·R + c₂·R·g, fitted by least squares with exponential forgetting
-      (:data:`OVERHEAD_DECAY` per iteration) and a ridge toward 0 (:data:`OVERHEAD_RIDGE`),
-      never predicted negative.
+    * **the engine's own time** (what an iteration takes beyond the re-levelled passes: its
+      work outside them, and what the grid's shape misses, such as a multi-token pass
+      dearer relative to a one-token pass than at start-up): c₀ + c₁·R + c₂·R·g, fitted by
+      least squares with exponential forgetting (:data:`OVERHEAD_DECAY` per iteration) and
+      a ridge toward 0 (:data:`OVERHEAD_RIDGE`), never predicted negative.
 
-    An iteration recorded without its pass times (``passes`` None) leaves the levels alone
-    and fits everything beyond the grid's passes as the engine's own time. Iterations of
-    one row are recorded too: a request alone weighs the same time (R = 1) in its own
-    choice."""
+    An iteration recorded without its pass times (``passes`` None) leaves the levels alone.
+    Iterations of one row are recorded too: a request alone weighs the same time (R = 1)
+    in its own choice."""
 
     FEATURES = 3
 
@@ -188,13 +189,15 @@ class IterationOverhead:
         cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
         g = max(gammas, default=0)
         if passes is None:
-            self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g))
+            self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g)
+                         - self.drift(cache_rows, g))
             return
         drafting, scoring = passes
         if g > 0:
             self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
         self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
-        self.observe(cache_rows, g, seconds - drafting - scoring)
+        self.observe(cache_rows, g,
+                     seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
 
 def retimed(rows: Sequence[Row]) -> bool:

@@ -134,6 +134,18 @@ def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def _isotonic(ys: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``ys`` in least squares (pool adjacent
+    violators: a run that decreases is replaced by its mean)."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for y in ys:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1), (m2, w2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
 @dataclass(frozen=True)
 class BatchCosts:
     """Measured seconds of batched passes.
@@ -189,6 +201,21 @@ class BatchCosts:
                 + f"; at R={top}: " + ", ".join(
                     f"V({k}) {self.target_pass(top, k) / self.target_pass(top, 1):.2f}"
                     for k in self.ks(top) if k > 1))
+
+    def monotone(self) -> BatchCosts:
+        """The grid made non-decreasing in tokens at every row count, then in rows at every
+        k, and the draft step in rows (least-squares isotonic fits): a pass over more work
+        is never cheaper, so a timing that says so is noise (a busy moment during the
+        start-up timing) that would otherwise make the policy favour that shape."""
+        target = dict(self.target)
+        lines = [[(r, k) for k in self.ks(r)] for r in self.rows]
+        lines += [[(r, k) for r in self.rows if (r, k) in target]
+                  for k in sorted({k for _, k in target})]
+        for line in lines:
+            target.update(zip(line, _isotonic([target[x] for x in line]), strict=True))
+        rs = sorted(self.draft)
+        draft = dict(zip(rs, _isotonic([self.draft[r] for r in rs]), strict=True))
+        return BatchCosts(target=target, draft=draft, draft_prefill=self.draft_prefill)
 
     def to_json(self) -> dict[str, object]:
         return {"target": [[r, k, t] for (r, k), t in sorted(self.target.items())],
@@ -252,13 +279,15 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
     and draft steps over ``rows``, in turns, and the draft's prefill of ``context`` tokens)
     and recorded. ``refresh`` times again whatever is recorded. Only models loaded from a
     directory (a ``source``) are recorded: a model built in memory (toy tables, test
-    doubles) is not identified by its name, so it is timed afresh in every process."""
+    doubles) is not identified by its name, so it is timed afresh in every process. The
+    record keeps the times as measured; the grid returned is their :meth:`BatchCosts.monotone`
+    fit."""
     shapes = grid_shapes(rows, ks)
     file = timing_file(cost_key(target, draft, context=context, shapes=shapes))
     recorded = all(getattr(m, "source", None) for m in (target, draft))
     if recorded and not refresh:
         try:
-            return BatchCosts.from_json(json.loads(file.read_text())["costs"])
+            return BatchCosts.from_json(json.loads(file.read_text())["costs"]).monotone()
         except (OSError, ValueError, KeyError, TypeError):
             pass
     from verispec.models.timing import grid_costs, prefill_cost
@@ -271,7 +300,7 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
     record = {"target": target.name, "draft": draft.name, "context": context,
               "costs": costs.to_json()}
     if not recorded:
-        return costs
+        return costs.monotone()
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_name(f".{file.name}.{os.getpid()}")
@@ -279,7 +308,7 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
         tmp.replace(file)  # atomic: a concurrent reader sees the old record or the new
     except OSError:
         pass
-    return costs
+    return costs.monotone()  # the record keeps the times as measured
 
 
 #: Repetitions of the start-up timing (interleaved, medians): enough that one slow phase
