@@ -228,7 +228,10 @@ class AutoGamma:
         The cap is ``max_gamma``, or 0 while the draft has not read the context and its
         reading does not pay yet (as in :meth:`choose`, with ``saving(α)``, the seconds per
         token drafting saves each row of the current batch, in place of the one-row saving
-        when given: a batch that gains less from drafting waits longer to read); the
+        when given: a batch that gains less from drafting waits longer to read). Until the
+        row has drafted (its draft has read the context), every call decides the reading
+        again with the batch of that moment: a request that found a small batch and was
+        not given a draft there does not keep that verdict once the batch has grown. The
         floor is ``min_gamma``. Neither a new pair nor a periodic probe makes a row draft
         here: one drafting row pads the pass of every row of the batch to its block, so a
         new pair is judged at its prior α and learned by requests that run alone. A row the
@@ -240,10 +243,11 @@ class AutoGamma:
             gain = self.costs.saving(self.alpha, gamma) if saving is None else saving(self.alpha)
             if gamma == 0 or not self._reading_pays(gain):
                 return 0, 0
-            self.drafting = True
         return self.min_gamma, self.max_gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
+        if drafted > 0:
+            self.drafting = True  # the draft has read the context: that cost is paid
         tested = accepted + (1 if accepted < drafted else 0)
         self.emitted += accepted + 1
         self.accepted += accepted
