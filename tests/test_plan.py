@@ -9,6 +9,7 @@ import pytest
 
 from verispec.engine.protocols import Method, ScheduledMethod
 from verispec.methods import METHODS
+from verispec.models.toy import RandomContextLM
 from verispec.plan import (
     MethodCache,
     PlanError,
@@ -16,8 +17,10 @@ from verispec.plan import (
     check_gamma,
     drafter_for,
     make_drafter,
+    pair_history,
     plan_request,
 )
+from verispec.sampling import Sampling
 
 # method -> (engine drafter, needs the draft model) with the model drafter / the n-gram one
 EXPECTED = {
@@ -147,3 +150,15 @@ def test_batch_grids_are_shared_between_nearby_batch_sizes(
     assert plan.pair_costs(target, draft, 5) == (1, 2, 4, 8)
     assert plan.pair_costs(target, draft, 12) == (1, 2, 4, 8, 12)
     assert timed == [(1, 2, 4), (1, 2, 4, 8), (1, 2, 4, 8, 12)]
+
+
+def test_gamma_auto_pools_acceptance_per_method_and_warp() -> None:
+    """γ auto's prior is the acceptance of earlier requests with the same method and
+    sampling warp: greedy requests and samples at T = 1 do not share one."""
+    target, draft = RandomContextLM(2, seed=1), RandomContextLM(2, seed=2)
+    greedy = pair_history(target, draft, "block", Sampling(temperature=0.0))
+    assert pair_history(target, draft, "block", Sampling(temperature=0.0)) is greedy
+    assert pair_history(target, draft, "block", Sampling(temperature=1.0)) is not greedy
+    assert pair_history(target, draft, "token", Sampling(temperature=0.0)) is not greedy
+    assert pair_history(target, RandomContextLM(2, seed=3), "block",
+                        Sampling(temperature=0.0)) is not greedy

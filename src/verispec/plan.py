@@ -265,8 +265,9 @@ def make_drafter(target: CausalLM, draft: CausalLM | None, method: Method, *,
 _COSTS: weakref.WeakKeyDictionary[
     CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[tuple[int, ...], PassCosts]]] = \
     weakref.WeakKeyDictionary()
-_HISTORY: weakref.WeakKeyDictionary[CausalLM, weakref.WeakKeyDictionary[CausalLM, PairHistory]] \
-    = weakref.WeakKeyDictionary()
+_HISTORY: weakref.WeakKeyDictionary[
+    CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[tuple[object, ...], PairHistory]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
@@ -288,10 +289,16 @@ def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
     return held[grid]
 
 
-def pair_history(target: CausalLM, draft: CausalLM) -> PairHistory:
-    """The pair's acceptance pooled over the requests of this process (γ auto's prior)."""
-    return _HISTORY.setdefault(target, weakref.WeakKeyDictionary()).setdefault(
-        draft, PairHistory())
+def pair_history(target: CausalLM, draft: CausalLM, method: str = "",
+                 sampling: Sampling | None = None) -> PairHistory:
+    """The pair's acceptance pooled over the requests of this process that share the
+    method and the sampling warp (γ auto's prior): acceptance depends on both (greedy
+    drafts of a code model are accepted far more often than samples at T = 1), so a server
+    that mixes them does not start one kind of request from the other's acceptance."""
+    warp = (None if sampling is None
+            else (sampling.temperature, sampling.top_k, sampling.top_p))
+    per_draft = _HISTORY.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft, {})
+    return per_draft.setdefault((method, warp), PairHistory())
 
 
 def gamma_policy(plan: RequestPlan, target: CausalLM, draft: CausalLM | None,
@@ -306,6 +313,7 @@ def gamma_policy(plan: RequestPlan, target: CausalLM, draft: CausalLM | None,
                                      "none")
         return AutoGamma(pair_costs(target, draft, rows),
                          min_gamma=1 if plan.engine_method.needs_next_probs else 0,
-                         history=pair_history(target, draft))
+                         history=pair_history(target, draft, plan.engine_method.name,
+                                              plan.sampling))
     assert isinstance(plan.gamma, int)
     return FixedGamma(plan.gamma)
