@@ -117,14 +117,14 @@ class Engine:
         self._admit()
         rows = self.active
         if rows:
-            start, reading = self.overhead.clock(), _reading_time(rows)
+            start, read_before = self.overhead.clock(), _reading_time(rows)
             gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows], self.overhead)
             timed = retimed(rows)  # the passes' times then feed the next choices
             t0 = self.clock(timed)
             drafts = self._draft(rows, gammas)  # 1. draft
             t1 = self.clock(timed)
             # the draft's first reading of a context is a one-time cost, not the iteration's
-            reading = _reading_time(rows) - reading
+            reading = _reading_time(rows) - read_before
             scored = score_blocks(self.target, rows, drafts)  # 2. score: one target pass
             t2 = self.clock(timed)
             results = self._verify(rows, drafts, scored)  # 3. verify, per method
