@@ -188,14 +188,11 @@ class IterationOverhead:
         self.grid = costs
         cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
         g = max(gammas, default=0)
-        if passes is None:
-            self.observe(cache_rows, g, seconds - costs.iteration(cache_rows, g)
-                         - self.drift(cache_rows, g))
-            return
-        drafting, scoring = passes
-        if g > 0:
-            self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
-        self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
+        if passes is not None:
+            drafting, scoring = passes
+            if g > 0:
+                self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
+            self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
         self.observe(cache_rows, g,
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
