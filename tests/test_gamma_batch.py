@@ -17,8 +17,8 @@ from verifier_doubles import TargetResidual
 
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
-from verispec.engine import loop
-from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
+from verispec.engine import batch_gamma, loop
+from verispec.engine.batch_gamma import (EXPLORE_EVERY, IterationOverhead, RowDemand, batch_choice,
                                          batch_saving, choose_gammas)
 from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
 from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
@@ -98,8 +98,9 @@ class ScriptedOverhead(IterationOverhead):
     grid's plus ``per_position`` seconds per drafted position: a deterministic engine
     (the replayed runs must take the same decisions for the same random draws)."""
 
-    def __init__(self, per_position: float, levels: tuple[float, float] = (1.0, 1.0)) -> None:
-        super().__init__()
+    def __init__(self, per_position: float, levels: tuple[float, float] = (1.0, 1.0),
+                 explore_every: int = EXPLORE_EVERY) -> None:
+        super().__init__(explore_every=explore_every)
         self.per_position, self.levels = per_position, levels
 
     def record(self, rows: Sequence[object], gammas: Sequence[int], seconds: float,
@@ -429,7 +430,7 @@ def test_one_row_or_no_grid_keeps_the_per_request_choice() -> None:
 def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequence[int]],
                        budgets: Sequence[int], costs: PassCosts, batch_size: int,
                        per_position: float = 0.0, levels: tuple[float, float] = (1.0, 1.0),
-                       ) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
+                       explore_every: int = EXPLORE_EVERY) -> tuple[Callable[[Sequence[Randomness]], list[list[int]]],
                                   RandomContextLM]:
     target, draft = RandomContextLM(2, seed=41), RandomContextLM(2, seed=42)
     m = build_method(method) if isinstance(method, str) else method
@@ -437,7 +438,7 @@ def _auto_batch_runner(method: str | SingleDraftMethod, prompts: Sequence[Sequen
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
         maker = make_drafter(target, draft.spawn(), m)
         engine = Engine(target.spawn(), batch_size=batch_size,
-                        overhead=ScriptedOverhead(per_position, levels))
+                        overhead=ScriptedOverhead(per_position, levels, explore_every))
         reqs = [Request(list(p), m, m.adjust_sampling(Sampling()), n, r,
                         AutoGamma(costs, max_gamma=3), maker)
                 for p, n, r in zip(prompts, budgets, randoms, strict=True)]
@@ -451,16 +452,20 @@ BATCHES = {2: ([[0, 1, 1], [1]], [3, 3]), 3: ([[0, 1, 1], [1], [0]], [2, 3, 2])}
 
 
 @pytest.mark.parametrize("rows", sorted(BATCHES))
-@pytest.mark.parametrize(("method", "per_position", "levels"),
-                         [("token", 0.0, (1.0, 1.0)), ("block", 0.0, (1.0, 1.0)),
-                          ("block", 0.05, (1.0, 1.0)), ("block", 0.0, (0.5, 1.2))])
+@pytest.mark.parametrize(("method", "per_position", "levels", "explore_every"),
+                         [("token", 0.0, (1.0, 1.0), EXPLORE_EVERY),
+                          ("block", 0.0, (1.0, 1.0), EXPLORE_EVERY),
+                          ("block", 0.05, (1.0, 1.0), EXPLORE_EVERY),
+                          ("block", 0.0, (0.5, 1.2), EXPLORE_EVERY),
+                          ("block", 0.0, (0.5, 3.0), 1)])
 def test_batch_chosen_gamma_stays_exact(method: str, per_position: float,
-                                        levels: tuple[float, float], rows: int,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+                                        levels: tuple[float, float], explore_every: int,
+                                        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` rows whose γ the batch policy chooses from all rows' acceptances, the
     engine overhead and the passes' levels learned from earlier iterations (so it moves
-    between 0 and drafting as they accept or reject): the joint law of their outputs is
-    the product of the target laws."""
+    between 0 and drafting as they accept or reject; with ``explore_every`` 1 it also
+    explores the other side at every iteration the rule allows): the joint law of their
+    outputs is the product of the target laws."""
     assert _choice(BALANCED, rows, 0.3)[0] == 0 < _choice(BALANCED, rows, 0.9)[0]
     seen: set[tuple[int, ...]] = set()
     real = loop.choose_gammas
@@ -473,11 +478,21 @@ def test_batch_chosen_gamma_stays_exact(method: str, per_position: float,
         return got
 
     monkeypatch.setattr(loop, "choose_gammas", spy)
+    explored: list[bool] = []
+    real_explore = batch_gamma.explore
+
+    def explore_spy(choice: list[int], *args: object) -> list[int]:
+        got = real_explore(list(choice), *args)  # type: ignore[arg-type]
+        explored.append(got != choice)
+        return got
+
+    monkeypatch.setattr(batch_gamma, "explore", explore_spy)
     prompts, budgets = BATCHES[rows]
     run, target = _auto_batch_runner(method, prompts, budgets, BALANCED.single(), rows,
-                                     per_position, levels)
+                                     per_position, levels, explore_every)
     law = engine_law(run, rows=rows)
     assert any(max(g) == 0 for g in seen) and any(max(g) > 0 for g in seen)
+    assert any(explored) == (explore_every == 1)
     want: dict[tuple[tuple[int, ...], ...], float] = {(): 1.0}
     for p, n in zip(prompts, budgets, strict=True):
         want = {(*k, kb): pk * pb for k, pk in want.items()

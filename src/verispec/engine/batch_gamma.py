@@ -43,6 +43,17 @@ over beyond the re-levelled passes is fitted in rows and drafted positions (the 
 own work, and what the grid's shape misses). The rate above divides by
 the re-levelled passes plus that time. Both are estimated from earlier iterations only, so
 the choice still depends only on the past.
+
+**Shapes measured, and explored.** A level cannot correct a grid whose shape is wrong (a
+start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
+target passes are therefore also levelled per shape (:class:`ShapeLevels`: rows × tokens,
+interpolated in tokens between the shapes measured recently at those rows), and a batch
+that keeps to one side (plain or drafting) while the other, on a shape not measured
+recently, is predicted within :data:`EXPLORE_MARGIN` of it (at the smaller of its grid time
+and its re-levelled time), runs that side once every
+:data:`EXPLORE_EVERY` iterations (its rows read their contexts if they have not) so that
+the comparison rests on measured passes on both sides. Exploring too is decided from past
+iterations only.
 """
 
 from __future__ import annotations
@@ -55,12 +66,13 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.engine.costs import BatchCosts
+from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["IterationOverhead", "PassLevel", "RowDemand", "batch_choice", "batch_saving",
-           "choose_gammas", "iteration_seconds", "retimed"]
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "IterationOverhead", "PassLevel",
+           "RowDemand", "ShapeLevels", "batch_choice", "batch_saving", "choose_gammas",
+           "explore", "iteration_seconds", "retimed"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,17 @@ OVERHEAD_RIDGE = 0.1
 #: one pass slowed by another process does not move the median, few enough that a change
 #: of the machine's speed shows within a few seconds of decoding.
 LEVEL_WINDOW = 24
+#: Target passes of one shape (rows, tokens) whose times set that shape's level.
+SHAPE_WINDOW = 8
+#: Iterations after which a shape's level is no longer used (the machine may have changed
+#: speed since): its passes are then predicted at the level of all passes.
+SHAPE_FRESH = 256
+#: A side (plain or drafting) predicted within this fraction of the chosen side's rate, on
+#: a shape not measured for :data:`SHAPE_FRESH` iterations, is worth measuring.
+EXPLORE_MARGIN = 0.25
+#: Iterations between two explorations (at most 1 / EXPLORE_EVERY of the iterations run a
+#: side predicted up to :data:`EXPLORE_MARGIN` slower).
+EXPLORE_EVERY = 32
 
 
 class PassLevel:
@@ -118,13 +141,50 @@ class PassLevel:
         return statistics.median(self.ratios) if self.ratios else 1.0
 
 
+class ShapeLevels:
+    """Measured times of target passes per shape (cache rows R, tokens k): the median of
+    each shape's last :data:`SHAPE_WINDOW` passes, kept for :data:`SHAPE_FRESH` iterations
+    after its last pass. Between the fresh shapes of one R the time is interpolated in k;
+    beyond the longest it grows along the last measured slope (never down), or with the
+    grid's shape from a single one; below the shortest, with the grid's shape."""
+
+    def __init__(self) -> None:
+        self.times: dict[tuple[int, int], deque[float]] = {}
+        self.seen: dict[tuple[int, int], int] = {}  # shape -> iteration of its last pass
+
+    def observe(self, shape: tuple[int, int], measured: float, now: int) -> None:
+        if measured > 0.0:
+            self.times.setdefault(shape, deque(maxlen=SHAPE_WINDOW)).append(measured)
+            self.seen[shape] = now
+
+    def fresh(self, shape: tuple[int, int], now: int) -> bool:
+        return shape in self.seen and now - self.seen[shape] <= SHAPE_FRESH
+
+    def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float]) -> float | None:
+        """The predicted time of a pass of ``rows`` rows × k tokens (None: no fresh shape of
+        those rows); ``grid(k)``: the grid's time at those rows."""
+        ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
+        if not ks:
+            return None
+        ts = [statistics.median(self.times[(rows, x)]) for x in ks]
+        if k < ks[0]:
+            return ts[0] * grid(k) / grid(ks[0])
+        if k <= ks[-1]:
+            return interpolate(ks, ts, k)
+        if len(ks) == 1:
+            return ts[0] * grid(k) / grid(ks[0])
+        slope = max((ts[-1] - ts[-2]) / (ks[-1] - ks[-2]), 0.0)
+        return ts[-1] + slope * (k - ks[-1])
+
+
 class IterationOverhead:
     """Seconds an iteration of R cache rows with longest draft g costs beyond the passes the
     start-up grid predicts, learned from the engine's own iterations. Two parts:
 
     * **drift of the passes**: each iteration's measured draft steps and target pass set the
-      current :class:`PassLevel` of each kind against the grid, so the passes are predicted
-      at (level − 1) × their grid time beyond it (negative when they now run faster);
+      current :class:`PassLevel` of each kind against the grid (and the target pass's
+      :class:`ShapeLevels`), so the passes are predicted at (level − 1) × their grid time
+      beyond it (negative when they now run faster);
     * **the engine's own time** (what an iteration takes beyond the re-levelled passes: its
       work outside them, and what the grid's shape misses, such as a multi-token pass
       dearer relative to a one-token pass than at start-up): c₀ + c₁·R + c₂·R·g, fitted by
@@ -137,8 +197,12 @@ class IterationOverhead:
 
     FEATURES = 3
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 explore_every: int = EXPLORE_EVERY) -> None:
         self.clock = clock
+        self.explore_every = explore_every  # iterations between explorations
+        self.explored = 0  # the iteration of the last exploration
+        self.shapes = ShapeLevels()
         self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [3, 3]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
         self.coef = [0.0] * self.FEATURES  # c₀, c₁, c₂ as floats (predict runs per row and g)
@@ -160,12 +224,17 @@ class IterationOverhead:
         grid = self.grid
         if grid is None:
             return 0.0
+        planned = grid.target_pass(rows, g + 1)
+        target = self.shapes.seconds(rows, g + 1, self.iterations,
+                                     lambda k: grid.target_pass(rows, k))
         return ((self.draft_level.scale - 1.0) * g * grid.draft_step(rows)
-                + (self.target_level.scale - 1.0) * grid.target_pass(rows, g + 1))
+                + (planned * self.target_level.scale if target is None else target) - planned)
 
-    def predict(self, rows: int, g: int) -> float:
-        """Seconds beyond the grid's passes: the passes' drift plus the engine's own time."""
-        return self.drift(rows, g) + self.own_time(rows, g)
+    def predict(self, rows: int, g: int, optimistic: bool = False) -> float:
+        """Seconds beyond the grid's passes: the passes' drift plus the engine's own time
+        (``optimistic``: the drift only where it makes the passes faster than the grid)."""
+        drift = self.drift(rows, g)
+        return (min(drift, 0.0) if optimistic else drift) + self.own_time(rows, g)
 
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
@@ -193,6 +262,7 @@ class IterationOverhead:
             if g > 0:
                 self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
             self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
+            self.shapes.observe((cache_rows, g + 1), scoring, self.iterations)
         self.observe(cache_rows, g,
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
@@ -209,13 +279,14 @@ def _cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:
 
 
 def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
-               overhead: IterationOverhead | None = None) -> float:
-    """Expected tokens per second of the batch when its longest draft is g."""
+               overhead: IterationOverhead | None = None, optimistic: bool = False) -> float:
+    """Expected tokens per second of the batch when its longest draft is g (``optimistic``:
+    see :meth:`IterationOverhead.predict`)."""
     gammas = [d.gamma(g) for d in demands]
     rows = _cache_rows([d.forks for d in demands], gammas)
     tokens = sum(expected_tokens(d.alpha, gamma) for d, gamma in zip(demands, gammas, strict=True))
     g = max(gammas, default=0)
-    extra = 0.0 if overhead is None else overhead.predict(rows, g)
+    extra = 0.0 if overhead is None else overhead.predict(rows, g, optimistic)
     return tokens / (costs.iteration(rows, g) + extra)
 
 
@@ -280,7 +351,7 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     if costs is None or len(rows) == 1:
         alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
         return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
-    demands = []
+    demands, unread = [], []  # unread: as if every draft had read its context
     seconds = iteration_seconds(costs, len(rows), overhead)  # shared by every row's saving
     for row, policy, cap in zip(rows, policies, caps, strict=True):
         forks = row.num_drafts
@@ -290,7 +361,41 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
                 for g in range(1, p.max_gamma + 1)))
             top = max(min(top, cap), 0)
             demands.append(RowDemand(policy.alpha, min(floor, top), top, forks))
+            room = max(min(policy.max_gamma, cap), 0)
+            unread.append(RowDemand(policy.alpha, min(floor, room), room, forks))
         else:
             demands.append(RowDemand(PRIOR_ALPHA, 0, max(min(policy.choose(), cap), 0), forks,
                                      fixed=True))
-    return batch_choice(demands, costs, overhead)
+            unread.append(demands[-1])
+    choice = batch_choice(demands, costs, overhead)
+    return choice if overhead is None else explore(choice, demands, unread, costs, overhead)
+
+
+def _shape(demands: Sequence[RowDemand], gammas: Sequence[int]) -> tuple[int, int]:
+    """(cache rows, tokens per row) of the target pass of an iteration with these γs."""
+    return _cache_rows([d.forks for d in demands], gammas), max(gammas, default=0) + 1
+
+
+def explore(choice: list[int], demands: Sequence[RowDemand], unread: Sequence[RowDemand],
+            costs: BatchCosts, overhead: IterationOverhead) -> list[int]:
+    """``choice``, or once every ``overhead.explore_every`` iterations the best allocation
+    of the other side (plain decoding if the choice drafts, the best longest draft g ≥ 1 if
+    it does not; ``unread``: the rows' demands as if their drafts had read their contexts)
+    when that side, on a target pass shape not measured for :data:`SHAPE_FRESH` iterations,
+    is predicted within :data:`EXPLORE_MARGIN` of the choice's rate at the smaller of its
+    grid time and its re-levelled time (a shape never measured is priced by passes of
+    other shapes, whose level may be what sets them apart)."""
+    now, g = overhead.iterations, max(choice, default=0)
+    top = max((d.cap for d in unread), default=0)
+    if now - overhead.explored < overhead.explore_every or top == 0:
+        return choice
+    side = [0] if g > 0 else list(range(1, top + 1))
+    rates = {x: batch_rate(unread, costs, x, overhead, optimistic=True) for x in side}
+    other = max(side, key=lambda x: (rates[x], -x))
+    gammas = [d.gamma(other) for d in unread]
+    shape = _shape(unread, gammas)
+    if (shape == _shape(demands, choice) or overhead.shapes.fresh(shape, now)
+            or rates[other] < (1.0 - EXPLORE_MARGIN) * batch_rate(demands, costs, g, overhead)):
+        return choice
+    overhead.explored = now
+    return gammas

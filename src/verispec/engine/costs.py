@@ -33,6 +33,7 @@ __all__ = [
     "cost_key",
     "expected_tokens",
     "grid_shapes",
+    "interpolate",
     "load_or_measure",
     "machine_signature",
     "measure_costs",
@@ -125,7 +126,7 @@ BATCH_MAX_K = 8
 RECORD_VERSION = 1
 
 
-def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+def interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
     """Piecewise-linear y(x) through sorted points xs, extended along the end slopes."""
     if len(xs) == 1:
         return ys[0]
@@ -172,14 +173,14 @@ class BatchCosts:
     def target_pass(self, rows: int, k: int) -> float:
         """Seconds of a target pass over ``rows`` rows of k tokens: linear in k at every
         timed row count, then linear in the rows between them (bilinear on a full grid)."""
-        at_rows = [_interp(ks, [self.target[(r, x)] for x in ks], k)
+        at_rows = [interpolate(ks, [self.target[(r, x)] for x in ks], k)
                    for r in self.rows for ks in [self.ks(r)]]
-        return _interp(self.rows, at_rows, rows)
+        return interpolate(self.rows, at_rows, rows)
 
     def draft_step(self, rows: int) -> float:
         """Seconds of one draft step over ``rows`` rows (linear between timed counts)."""
         rs = sorted(self.draft)
-        return _interp(rs, [self.draft[r] for r in rs], rows)
+        return interpolate(rs, [self.draft[r] for r in rs], rows)
 
     def iteration(self, rows: int, gamma: int) -> float:
         """Seconds of one iteration of ``rows`` rows whose longest draft is γ tokens: γ

@@ -1,0 +1,131 @@
+"""``--gamma auto`` in a batch when the start-up grid's *shape* is wrong (not only its
+level): target passes are predicted per measured shape (rows × tokens), and a batch that
+keeps to one side, plain or drafting, explores the other side now and then when it is
+predicted close, so that a grid which priced the two sides wrongly against each other is
+corrected from measured passes on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS
+
+from verispec.engine.batch_gamma import (EXPLORE_EVERY, SHAPE_FRESH, IterationOverhead,
+                                         ShapeLevels, choose_gammas)
+from verispec.engine.costs import BatchCosts
+from verispec.engine.gamma import AutoGamma
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+#: Acceptances every drafting row reports: round(ACCEPT × drafted) of its drafted tokens.
+ACCEPT = 0.8
+Seconds = Callable[[int, int], float]
+
+
+def _grid(seconds: Seconds) -> BatchCosts:
+    return BatchCosts(target={(r, k): seconds(r, k) for r in ROWS for k in KS},
+                      draft=DRAFT_STEP, draft_prefill=1e-3)
+
+
+def _decode(grid: BatchCosts, truth: Seconds, rows: int, iterations: int,
+            drafted: bool) -> tuple[list[int], list[AutoGamma]]:
+    """``iterations`` of a batch of ``rows`` auto rows on ``grid`` whose target passes take
+    ``truth(R, k)`` (draft steps as the grid says); ``drafted``: the drafts have read their
+    contexts. Returns every iteration's longest draft and the rows' policies."""
+    policies = [AutoGamma(grid.single(), max_gamma=MAX_GAMMA) for _ in range(rows)]
+    for p in policies:
+        p.start(100, 10_000)  # reading a context costs 0.1 s
+        if drafted:
+            p.observe(2, 2)
+    batch = [SimpleNamespace(request=SimpleNamespace(gamma=p), num_drafts=1) for p in policies]
+    overhead, longest = IterationOverhead(), []
+    for _ in range(iterations):
+        gammas = choose_gammas(batch, [MAX_GAMMA] * rows, overhead)  # type: ignore[arg-type]
+        g = max(gammas)
+        passes = (g * grid.draft_step(rows), truth(rows, g + 1))
+        overhead.record(batch, gammas, sum(passes), passes)  # type: ignore[arg-type]
+        for p, x in zip(policies, gammas, strict=True):
+            p.observe(x, round(ACCEPT * x))
+        longest.append(g)
+    return longest, policies
+
+
+#: A grid on which extra tokens per row are nearly free, so 8 rows draft the longest block.
+CHEAP_TOKENS = _grid(lambda r, k: 0.3 + 0.1 * r + 0.02 * r * k)
+
+
+def _dear_tokens(r: int, k: int) -> float:
+    """The passes as they run: each extra token per row costs 0.15 s a row more than
+    CHEAP_TOKENS says, so plain decoding of 8 rows is the fastest side."""
+    return CHEAP_TOKENS.target_pass(r, k) + 0.15 * r * (k - 1)
+
+
+#: A grid on which 4 rows decode plainly (each token per row dear), against passes that grow
+#: little with tokens (:func:`_cheap_tokens`), where drafting the longest block is best.
+DEAR_TOKENS = _grid(lambda r, k: 0.1 + 0.2 * r * k)
+
+
+def _cheap_tokens(r: int, k: int) -> float:
+    return 0.3 + 0.2 * r + 0.01 * r * (k - 1)
+
+
+def test_shape_times_interpolate_extrapolate_and_expire() -> None:
+    """Between measured shapes of one row count the time is interpolated in tokens, beyond
+    the longest it grows along the last slope, below the shortest (or from a single shape)
+    with the grid's shape; another row count, or a shape not seen for SHAPE_FRESH
+    iterations, is not predicted."""
+    shapes = ShapeLevels()
+    for t in (1.0, 5.0, 1.0):  # a median: one busy pass does not count
+        shapes.observe((8, 2), t, now=0)
+    shapes.observe((8, 4), 2.0, now=0)
+    grid = {1: 0.5, 2: 1.0, 3: 1.5, 4: 2.0, 6: 3.0}.__getitem__
+    assert shapes.seconds(8, 3, 0, grid) == pytest.approx(1.5)
+    assert shapes.seconds(8, 6, 0, grid) == pytest.approx(3.0)
+    assert shapes.seconds(8, 1, 0, grid) == pytest.approx(0.5)
+    assert shapes.seconds(4, 2, 0, grid) is None
+    shapes.observe((8, 4), 4.0, now=10)
+    assert shapes.seconds(8, 4, SHAPE_FRESH + 5, grid) == pytest.approx(3.0)  # median of 2, 4
+    assert shapes.seconds(8, 2, SHAPE_FRESH + 5, grid) == pytest.approx(1.5)  # (8, 2) expired
+    assert shapes.seconds(8, 4, SHAPE_FRESH + 11, grid) is None
+
+
+def test_a_batch_that_drafts_on_a_wrong_shape_explores_plain_decoding() -> None:
+    """8 rows draft on a grid that underprices extra tokens; their passes, all of one
+    shape, say only that drafting runs slower than the grid, which would price plain
+    passes as dear too. After EXPLORE_EVERY iterations the batch runs one plain iteration,
+    measures it at the grid's time and decodes plainly from then on."""
+    truth_rates = {g: 8 * sum(ACCEPT ** i for i in range(g + 1))
+                   / (g * CHEAP_TOKENS.draft_step(8) + _dear_tokens(8, g + 1))
+                   for g in range(MAX_GAMMA + 1)}
+    assert max(truth_rates, key=truth_rates.__getitem__) == 0
+    longest, _ = _decode(CHEAP_TOKENS, _dear_tokens, 8, 4 * EXPLORE_EVERY, drafted=True)
+    assert all(g > 0 for g in longest[:EXPLORE_EVERY])
+    assert longest[EXPLORE_EVERY:] == [0] * (3 * EXPLORE_EVERY)
+
+
+def test_a_plain_batch_explores_drafting_and_reads_the_contexts() -> None:
+    """4 rows whose drafts have not read their contexts decode plainly on a grid that prices
+    tokens dear; drafting is predicted within the margin, so after EXPLORE_EVERY iterations
+    the batch drafts once (every draft reads its context), measures a cheap pass and keeps
+    drafting the longest block."""
+    plain = 4 / DEAR_TOKENS.target_pass(4, 1)
+    one = 4 * (1 + ACCEPT) / (DEAR_TOKENS.draft_step(4) + DEAR_TOKENS.target_pass(4, 2))
+    assert 0.75 * plain < one < plain
+    longest, policies = _decode(DEAR_TOKENS, _cheap_tokens, 4, 3 * EXPLORE_EVERY, drafted=False)
+    assert longest[:EXPLORE_EVERY] == [0] * EXPLORE_EVERY
+    assert longest[EXPLORE_EVERY] > 0 and all(p.drafting for p in policies)
+    assert longest[EXPLORE_EVERY + 8:] == [MAX_GAMMA] * (2 * EXPLORE_EVERY - 8)
+
+
+def test_a_side_predicted_far_slower_is_not_explored() -> None:
+    """Plain decoding 8 rows on a grid where every token per row and every draft step is
+    dear (the grid right): drafting is predicted far below the margin even at the grid's
+    time, so the batch never explores it and its drafts never read."""
+    steep = BatchCosts(target={(r, k): 0.1 + 0.3 * r * k for r in ROWS for k in KS},
+                       draft=dict.fromkeys(ROWS, 2.0), draft_prefill=1e-3)
+    longest, policies = _decode(steep, steep.target_pass, 8, 4 * EXPLORE_EVERY, drafted=False)
+    assert longest == [0] * (4 * EXPLORE_EVERY)
+    assert not any(p.drafting for p in policies)
