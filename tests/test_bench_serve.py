@@ -4,6 +4,7 @@ the mean γ each config drafted and the γ auto comparison table."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,3 +94,51 @@ def test_auto_is_compared_with_the_best_other_config_paired_by_repeat() -> None:
     assert 0.98 < ratio < 0.995 and low < ratio < high
     assert entry["tpot_vs_ar"]["ratio"] == pytest.approx(1 / ratio)
     assert "ar" in render_comparisons([entry])
+
+
+#: A stand-in for ``verispec serve``: writes its pid to argv[1], prints its URL line, sleeps.
+FAKE_SERVER = ("import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+               "print('fake serving on http://127.0.0.1:9/', flush=True); time.sleep(600)")
+#: A benchmark holding the fake server through ``launched`` until it is ended.
+BENCHMARK = """
+import sys, time
+from verispec.bench.serve import launched
+with launched([sys.executable, "-c", sys.argv[1], sys.argv[2]]) as url:
+    print("up", url, flush=True)
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+def test_a_terminated_benchmark_stops_the_server_it_started(tmp_path: Path) -> None:
+    """SIGTERM to a benchmark inside ``launched`` stops the server it started and then ends
+    the benchmark (Python's default for SIGTERM ends the process at once, which left the
+    server running)."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+
+    pid_file = tmp_path / "server.pid"
+    bench = subprocess.Popen([sys.executable, "-c", BENCHMARK, FAKE_SERVER, str(pid_file)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert bench.stdout is not None and bench.stdout.readline().startswith("up ")
+        server = int(pid_file.read_text())
+        assert _running(server)
+        bench.send_signal(signal.SIGTERM)
+        bench.wait(60)
+        wait_for(lambda: not _running(server), timeout=30, what="the server to stop")
+    finally:
+        bench.kill()
+        if pid_file.exists() and _running(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

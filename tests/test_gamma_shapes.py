@@ -106,26 +106,32 @@ def test_a_batch_that_drafts_on_a_wrong_shape_explores_plain_decoding() -> None:
     assert longest[EXPLORE_EVERY:] == [0] * (3 * EXPLORE_EVERY)
 
 
-def test_a_plain_batch_explores_drafting_and_reads_the_contexts() -> None:
-    """4 rows whose drafts have not read their contexts decode plainly on a grid that prices
+def test_a_plain_batch_explores_drafting() -> None:
+    """4 rows whose drafts have read their contexts decode plainly on a grid that prices
     tokens dear; drafting is predicted within the margin, so after EXPLORE_EVERY iterations
-    the batch drafts once (every draft reads its context), measures a cheap pass and keeps
-    drafting the longest block."""
+    the batch drafts once, measures a cheap pass and keeps drafting the longest block."""
     plain = 4 / DEAR_TOKENS.target_pass(4, 1)
     one = 4 * (1 + ACCEPT) / (DEAR_TOKENS.draft_step(4) + DEAR_TOKENS.target_pass(4, 2))
     assert 0.75 * plain < one < plain
-    longest, policies = _decode(DEAR_TOKENS, _cheap_tokens, 4, 3 * EXPLORE_EVERY, drafted=False)
+    longest, _ = _decode(DEAR_TOKENS, _cheap_tokens, 4, 3 * EXPLORE_EVERY, drafted=True)
     assert longest[:EXPLORE_EVERY] == [0] * EXPLORE_EVERY
-    assert longest[EXPLORE_EVERY] > 0 and all(p.drafting for p in policies)
+    assert longest[EXPLORE_EVERY] > 0
     assert longest[EXPLORE_EVERY + 8:] == [MAX_GAMMA] * (2 * EXPLORE_EVERY - 8)
 
 
+def test_exploring_never_pays_for_a_reading() -> None:
+    """The same batch whose drafts have not read their contexts (the reading does not pay
+    on the grid): it is not explored, and no draft reads."""
+    longest, policies = _decode(DEAR_TOKENS, _cheap_tokens, 4, 3 * EXPLORE_EVERY, drafted=False)
+    assert longest == [0] * (3 * EXPLORE_EVERY)
+    assert not any(p.drafting for p in policies)
+
+
 def test_a_side_predicted_far_slower_is_not_explored() -> None:
-    """Plain decoding 8 rows on a grid where every token per row and every draft step is
-    dear (the grid right): drafting is predicted far below the margin even at the grid's
-    time, so the batch never explores it and its drafts never read."""
+    """Plain decoding 8 rows whose drafts have read, on a grid where every token per row
+    and every draft step is dear (the grid right): drafting is predicted far below the
+    margin even at the grid's time, so the batch never explores it."""
     steep = BatchCosts(target={(r, k): 0.1 + 0.3 * r * k for r in ROWS for k in KS},
                        draft=dict.fromkeys(ROWS, 2.0), draft_prefill=1e-3)
-    longest, policies = _decode(steep, steep.target_pass, 8, 4 * EXPLORE_EVERY, drafted=False)
+    longest, _ = _decode(steep, steep.target_pass, 8, 4 * EXPLORE_EVERY, drafted=True)
     assert longest == [0] * (4 * EXPLORE_EVERY)
-    assert not any(p.drafting for p in policies)

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from verispec.bench.measure import machine_description
+from verispec.bench.server_process import sigterm_interrupts
 from verispec.bench.serve_report import auto_comparisons, render_comparisons, render_means
 from verispec.bench.vllm import (
     DTYPES,
@@ -267,27 +268,29 @@ def launched(argv: Sequence[str], timeout_s: float = START_TIMEOUT_S,
              stop_wait_s: float = 120.0) -> Iterator[str]:
     """Run ``verispec serve``'s command line ``argv`` (port 0: a free one) until it prints
     its URL (at most ``timeout_s``), yield the URL, and stop it with SIGTERM afterwards
-    (killed if it has not exited within ``stop_wait_s``)."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    timer = threading.Timer(timeout_s, proc.kill)
-    timer.start()
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        timer.cancel()
-        if " on http://" not in line:
-            raise RuntimeError(f"verispec serve did not start (exit status {proc.wait(60)}): "
-                               f"{line!r}")
-        yield line.split(" on ", 1)[1].split()[0]
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(stop_wait_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+    (killed if it has not exited within ``stop_wait_s``), also when the benchmark is ended
+    by SIGTERM or Ctrl-C."""
+    with sigterm_interrupts():  # a terminated benchmark still stops its server
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        try:
+            line = proc.stdout.readline() if proc.stdout else ""
+            timer.cancel()
+            if " on http://" not in line:
+                raise RuntimeError(f"verispec serve did not start (exit status {proc.wait(60)}): "
+                                   f"{line!r}")
+            yield line.split(" on ", 1)[1].split()[0]
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(stop_wait_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(30)
 
 
 # -- the clients ----------------------------------------------------------------------------
@@ -495,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         jobs = _jobs(args)
-        with _server(args, max(args.concurrency)) as url:
+        with sigterm_interrupts(), _server(args, max(args.concurrency)) as url:
             what = f"peer {args.peer}" if args.peer else f"methods {args.methods}"
             print(f"benchmarking {url}: {len(jobs)} prompts, {what}, "
                   f"clients {args.concurrency}", file=sys.stderr, flush=True)
@@ -504,6 +507,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped, nothing written", file=sys.stderr)
+        return 130
     comparisons = auto_comparisons(cells)
     table = "\n\n".join(t for t in (render_means(cells), render_comparisons(comparisons),
                                      render_table(cells)) if t)

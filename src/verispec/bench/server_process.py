@@ -11,14 +11,16 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-__all__ = ["HOST", "ServerProcess", "free_port", "get_json"]
+__all__ = ["HOST", "ServerProcess", "free_port", "get_json", "sigterm_interrupts"]
 
 HOST = "127.0.0.1"
 STOP_TIMEOUT_S = 60.0
@@ -29,6 +31,26 @@ def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While inside, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does, so
+    the ``finally`` blocks that stop child servers run when the benchmark is terminated (by
+    default SIGTERM ends the process at once and leaves its servers running). Outside the
+    main thread (where handlers cannot be set) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def get_json(url: str, timeout_s: float = 5.0) -> object:

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from verispec.bench.server_process import ServerProcess, free_port, get_json
+from verispec.bench.server_process import ServerProcess, free_port, get_json, sigterm_interrupts
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir, model_path
 
 __all__ = [
@@ -289,23 +288,20 @@ def server_from_args(args: argparse.Namespace) -> VllmServer:
 
 
 def _serve(server: VllmServer) -> int:
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
     print(f"starting: {server.command}\nlog: {server.log_path}", file=sys.stderr, flush=True)
-    try:
-        url = server.start()
-        print(f"vLLM serving on {url}", flush=True)
-        while server.proc is not None and server.proc.poll() is None:
-            time.sleep(1.0)
-        print(f"vLLM exited; the end of {server.log_path}:\n{server.log_tail()}",
-              file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        server.stop()
+    with sigterm_interrupts():
+        try:
+            url = server.start()
+            print(f"vLLM serving on {url}", flush=True)
+            while server.proc is not None and server.proc.poll() is None:
+                time.sleep(1.0)
+            print(f"vLLM exited; the end of {server.log_path}:\n{server.log_tail()}",
+                  file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            server.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

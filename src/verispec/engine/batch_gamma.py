@@ -51,8 +51,9 @@ interpolated in tokens between the shapes measured recently at those rows), and 
 that keeps to one side (plain or drafting) while the other, on a shape not measured
 recently, is predicted within :data:`EXPLORE_MARGIN` of it (at the smaller of its grid time
 and its re-levelled time), runs that side once every
-:data:`EXPLORE_EVERY` iterations (its rows read their contexts if they have not) so that
-the comparison rests on measured passes on both sides. Exploring too is decided from past
+:data:`EXPLORE_EVERY` iterations (with the rows whose drafts may draft: exploring never
+pays for a draft's reading of a context) so that the comparison rests on measured passes
+on both sides. Exploring too is decided from past
 iterations only.
 """
 
@@ -151,11 +152,16 @@ class ShapeLevels:
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], deque[float]] = {}
         self.seen: dict[tuple[int, int], int] = {}  # shape -> iteration of its last pass
+        # rows -> the fresh ks of those rows and their median times at iteration known_at
+        # (the policy asks for many k and several row counts between two passes)
+        self.known: dict[int, tuple[list[int], list[float]]] = {}
+        self.known_at = -1
 
     def observe(self, shape: tuple[int, int], measured: float, now: int) -> None:
         if measured > 0.0:
             self.times.setdefault(shape, deque(maxlen=SHAPE_WINDOW)).append(measured)
             self.seen[shape] = now
+            self.known.clear()
 
     def fresh(self, shape: tuple[int, int], now: int) -> bool:
         return shape in self.seen and now - self.seen[shape] <= SHAPE_FRESH
@@ -163,10 +169,14 @@ class ShapeLevels:
     def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float]) -> float | None:
         """The predicted time of a pass of ``rows`` rows × k tokens (None: no fresh shape of
         those rows); ``grid(k)``: the grid's time at those rows."""
-        ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
+        if now != self.known_at:
+            self.known, self.known_at = {}, now
+        if rows not in self.known:
+            ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
+            self.known[rows] = ks, [statistics.median(self.times[(rows, x)]) for x in ks]
+        ks, ts = self.known[rows]
         if not ks:
             return None
-        ts = [statistics.median(self.times[(rows, x)]) for x in ks]
         if k < ks[0]:
             return ts[0] * grid(k) / grid(ks[0])
         if k <= ks[-1]:
@@ -351,7 +361,7 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     if costs is None or len(rows) == 1:
         alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
         return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
-    demands, unread = [], []  # unread: as if every draft had read its context
+    demands = []
     seconds = iteration_seconds(costs, len(rows), overhead)  # shared by every row's saving
     for row, policy, cap in zip(rows, policies, caps, strict=True):
         forks = row.num_drafts
@@ -361,14 +371,11 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
                 for g in range(1, p.max_gamma + 1)))
             top = max(min(top, cap), 0)
             demands.append(RowDemand(policy.alpha, min(floor, top), top, forks))
-            room = max(min(policy.max_gamma, cap), 0)
-            unread.append(RowDemand(policy.alpha, min(floor, room), room, forks))
         else:
             demands.append(RowDemand(PRIOR_ALPHA, 0, max(min(policy.choose(), cap), 0), forks,
                                      fixed=True))
-            unread.append(demands[-1])
     choice = batch_choice(demands, costs, overhead)
-    return choice if overhead is None else explore(choice, demands, unread, costs, overhead)
+    return choice if overhead is None else explore(choice, demands, costs, overhead)
 
 
 def _shape(demands: Sequence[RowDemand], gammas: Sequence[int]) -> tuple[int, int]:
@@ -376,24 +383,26 @@ def _shape(demands: Sequence[RowDemand], gammas: Sequence[int]) -> tuple[int, in
     return _cache_rows([d.forks for d in demands], gammas), max(gammas, default=0) + 1
 
 
-def explore(choice: list[int], demands: Sequence[RowDemand], unread: Sequence[RowDemand],
-            costs: BatchCosts, overhead: IterationOverhead) -> list[int]:
+def explore(choice: list[int], demands: Sequence[RowDemand], costs: BatchCosts,
+            overhead: IterationOverhead) -> list[int]:
     """``choice``, or once every ``overhead.explore_every`` iterations the best allocation
     of the other side (plain decoding if the choice drafts, the best longest draft g ≥ 1 if
-    it does not; ``unread``: the rows' demands as if their drafts had read their contexts)
-    when that side, on a target pass shape not measured for :data:`SHAPE_FRESH` iterations,
-    is predicted within :data:`EXPLORE_MARGIN` of the choice's rate at the smaller of its
-    grid time and its re-levelled time (a shape never measured is priced by passes of
-    other shapes, whose level may be what sets them apart)."""
+    it does not) when that side, on a target pass shape not measured for
+    :data:`SHAPE_FRESH` iterations, is predicted within :data:`EXPLORE_MARGIN` of the
+    choice's rate at the smaller of its grid time and its re-levelled time (a shape never
+    measured is priced by passes of other shapes, whose level may be what sets them apart).
+    Only rows whose drafts may draft (``demands``' caps: a draft that has not read its
+    context and whose reading does not pay has cap 0) take part: exploring never pays for a
+    reading."""
     now, g = overhead.iterations, max(choice, default=0)
-    top = max((d.cap for d in unread), default=0)
+    top = max((d.cap for d in demands), default=0)
     if now - overhead.explored < overhead.explore_every or top == 0:
         return choice
     side = [0] if g > 0 else list(range(1, top + 1))
-    rates = {x: batch_rate(unread, costs, x, overhead, optimistic=True) for x in side}
+    rates = {x: batch_rate(demands, costs, x, overhead, optimistic=True) for x in side}
     other = max(side, key=lambda x: (rates[x], -x))
-    gammas = [d.gamma(other) for d in unread]
-    shape = _shape(unread, gammas)
+    gammas = [d.gamma(other) for d in demands]
+    shape = _shape(demands, gammas)
     if (shape == _shape(demands, choice) or overhead.shapes.fresh(shape, now)
             or rates[other] < (1.0 - EXPLORE_MARGIN) * batch_rate(demands, costs, g, overhead)):
         return choice
