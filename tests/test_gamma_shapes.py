@@ -135,3 +135,20 @@ def test_a_side_predicted_far_slower_is_not_explored() -> None:
                        draft=dict.fromkeys(ROWS, 2.0), draft_prefill=1e-3)
     longest, _ = _decode(steep, steep.target_pass, 8, 4 * EXPLORE_EVERY, drafted=True)
     assert longest == [0] * (4 * EXPLORE_EVERY)
+
+
+def test_draft_steps_are_predicted_per_row_count() -> None:
+    """Draft steps that run as the grid says over one row and 1.5× the grid over 8 rows:
+    the drift of an iteration is predicted from each row count's own measured steps (the
+    level of all steps would misprice both)."""
+    policy = AutoGamma(CHEAP_TOKENS.single(), max_gamma=MAX_GAMMA)
+    overhead = IterationOverhead()
+    for i in range(40):
+        rows = 1 if i % 2 else 8
+        scale = 1.0 if rows == 1 else 1.5
+        passes = (scale * 2 * CHEAP_TOKENS.draft_step(rows), CHEAP_TOKENS.target_pass(rows, 3))
+        batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * rows
+        overhead.record(batch, [2] * rows, sum(passes), passes)  # type: ignore[arg-type]
+    assert overhead.drift(1, 4) == pytest.approx(0.0, abs=1e-12)
+    assert overhead.drift(8, 4) == pytest.approx(0.5 * 4 * CHEAP_TOKENS.draft_step(8))
+    assert overhead.draft_level.scale == pytest.approx(1.25)  # the median of all steps

@@ -46,8 +46,9 @@ the choice still depends only on the past.
 
 **Shapes measured, and explored.** A level cannot correct a grid whose shape is wrong (a
 start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
-target passes are therefore also levelled per shape (:class:`ShapeLevels`: rows × tokens,
-interpolated in tokens between the shapes measured recently at those rows), and a batch
+target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens,
+interpolated in tokens between the shapes measured recently at those rows) and draft steps
+per row count, where measured recently, and a batch
 that keeps to one side (plain or drafting) while the other, on a shape not measured
 recently, is predicted within :data:`EXPLORE_MARGIN` of it (at the smaller of its grid time
 and its re-levelled time), runs that side once every
@@ -143,7 +144,8 @@ class PassLevel:
 
 
 class ShapeLevels:
-    """Measured times of target passes per shape (cache rows R, tokens k): the median of
+    """Measured times of passes per shape (cache rows R, tokens k; k = 1 for draft steps):
+    the median of
     each shape's last :data:`SHAPE_WINDOW` passes, kept for :data:`SHAPE_FRESH` iterations
     after its last pass. Between the fresh shapes of one R the time is interpolated in k;
     beyond the longest it grows along the last measured slope (never down), or with the
@@ -192,9 +194,11 @@ class IterationOverhead:
     start-up grid predicts, learned from the engine's own iterations. Two parts:
 
     * **drift of the passes**: each iteration's measured draft steps and target pass set the
-      current :class:`PassLevel` of each kind against the grid (and the target pass's
-      :class:`ShapeLevels`), so the passes are predicted at (level − 1) × their grid time
-      beyond it (negative when they now run faster);
+      current :class:`PassLevel` of each kind against the grid and their
+      :class:`ShapeLevels` (draft steps per row count, target passes per rows × tokens), so
+      the passes are predicted at their recently measured times where those exist and at
+      the level times the grid elsewhere (beyond the grid: negative when they now run
+      faster);
     * **the engine's own time** (what an iteration takes beyond the re-levelled passes: its
       work outside them, and what the grid's shape misses, such as a multi-token pass
       dearer relative to a one-token pass than at start-up): c₀ + c₁·R + c₂·R·g, fitted by
@@ -212,7 +216,8 @@ class IterationOverhead:
         self.clock = clock
         self.explore_every = explore_every  # iterations between explorations
         self.explored = 0  # the iteration of the last exploration
-        self.shapes = ShapeLevels()
+        self.shapes = ShapeLevels()  # target passes per (rows, tokens)
+        self.draft_shapes = ShapeLevels()  # draft steps per (rows, 1)
         self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [3, 3]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
         self.coef = [0.0] * self.FEATURES  # c₀, c₁, c₂ as floats (predict runs per row and g)
@@ -234,10 +239,11 @@ class IterationOverhead:
         grid = self.grid
         if grid is None:
             return 0.0
-        planned = grid.target_pass(rows, g + 1)
+        planned, step = grid.target_pass(rows, g + 1), grid.draft_step(rows)
         target = self.shapes.seconds(rows, g + 1, self.iterations,
                                      lambda k: grid.target_pass(rows, k))
-        return ((self.draft_level.scale - 1.0) * g * grid.draft_step(rows)
+        drafted = self.draft_shapes.seconds(rows, 1, self.iterations, lambda k: step)
+        return (g * ((step * self.draft_level.scale if drafted is None else drafted) - step)
                 + (planned * self.target_level.scale if target is None else target) - planned)
 
     def predict(self, rows: int, g: int, optimistic: bool = False) -> float:
@@ -271,6 +277,7 @@ class IterationOverhead:
             drafting, scoring = passes
             if g > 0:
                 self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
+                self.draft_shapes.observe((cache_rows, 1), drafting / g, self.iterations)
             self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
             self.shapes.observe((cache_rows, g + 1), scoring, self.iterations)
         self.observe(cache_rows, g,
