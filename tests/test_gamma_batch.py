@@ -457,14 +457,14 @@ BATCHES = {2: ([[0, 1, 1], [1]], [3, 3]), 3: ([[0, 1, 1], [1], [0]], [2, 3, 2])}
                           ("block", 0.0, (1.0, 1.0), EXPLORE_EVERY),
                           ("block", 0.05, (1.0, 1.0), EXPLORE_EVERY),
                           ("block", 0.0, (0.5, 1.2), EXPLORE_EVERY),
-                          ("block", 0.0, (0.5, 3.0), 1)])
+                          ("block", 0.0, (1.5, 1.5), 1)])
 def test_batch_chosen_gamma_stays_exact(method: str, per_position: float,
                                         levels: tuple[float, float], explore_every: int,
                                         rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` rows whose γ the batch policy chooses from all rows' acceptances, the
     engine overhead and the passes' levels learned from earlier iterations (so it moves
-    between 0 and drafting as they accept or reject; with ``explore_every`` 1 it also
-    explores the other side at every iteration the rule allows): the joint law of their
+    between 0 and drafting as they accept or reject; with ``explore_every`` 1 a drafting
+    batch also decodes plainly at every iteration the rule allows): the joint law of their
     outputs is the product of the target laws."""
     assert _choice(BALANCED, rows, 0.3)[0] == 0 < _choice(BALANCED, rows, 0.9)[0]
     seen: set[tuple[int, ...]] = set()
@@ -492,7 +492,10 @@ def test_batch_chosen_gamma_stays_exact(method: str, per_position: float,
                                      per_position, levels, explore_every)
     law = engine_law(run, rows=rows)
     assert any(max(g) == 0 for g in seen) and any(max(g) > 0 for g in seen)
-    assert any(explored) == (explore_every == 1)
+    if explore_every != 1:
+        assert not any(explored)
+    elif rows == 2:  # the two-row batches decode long enough to explore (three rows end first)
+        assert any(explored)
     want: dict[tuple[tuple[int, ...], ...], float] = {(): 1.0}
     for p, n in zip(prompts, budgets, strict=True):
         want = {(*k, kb): pk * pb for k, pk in want.items()

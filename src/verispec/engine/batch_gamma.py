@@ -48,14 +48,13 @@ the choice still depends only on the past.
 start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
 target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens,
 interpolated in tokens between the shapes measured recently at those rows) and draft steps
-per row count, where measured recently, and a batch
-that keeps to one side (plain or drafting) while the other, on a shape not measured
-recently, is predicted within :data:`EXPLORE_MARGIN` of it (at the smaller of its grid time
-and its re-levelled time), runs that side once every
-:data:`EXPLORE_EVERY` iterations (with the rows whose drafts may draft: exploring never
-pays for a draft's reading of a context) so that the comparison rests on measured passes
-on both sides. Exploring too is decided from past
-iterations only.
+per row count, where measured recently, and a batch that keeps drafting while plain
+decoding, on a shape not measured recently, is predicted within :data:`EXPLORE_MARGIN` of
+it (at the smaller of its grid time and its re-levelled time) decodes one iteration plainly
+every :data:`EXPLORE_EVERY` iterations (:func:`explore`), so that the comparison rests on
+measured passes on both sides. (Not the other way: before drafting, the drafts of a plain
+batch would read what was decoded since they last drafted.) Exploring too is decided from
+past iterations only.
 """
 
 from __future__ import annotations
@@ -117,11 +116,11 @@ SHAPE_WINDOW = 8
 #: Iterations after which a shape's level is no longer used (the machine may have changed
 #: speed since): its passes are then predicted at the level of all passes.
 SHAPE_FRESH = 256
-#: A side (plain or drafting) predicted within this fraction of the chosen side's rate, on
-#: a shape not measured for :data:`SHAPE_FRESH` iterations, is worth measuring.
+#: Plain decoding predicted within this fraction of a drafting batch's rate, on a shape not
+#: measured for :data:`SHAPE_FRESH` iterations, is worth measuring.
 EXPLORE_MARGIN = 0.25
-#: Iterations between two explorations (at most 1 / EXPLORE_EVERY of the iterations run a
-#: side predicted up to :data:`EXPLORE_MARGIN` slower).
+#: Iterations between two explorations (at most 1 / EXPLORE_EVERY of the iterations decode
+#: plainly where that is predicted up to :data:`EXPLORE_MARGIN` slower).
 EXPLORE_EVERY = 32
 
 
@@ -392,26 +391,22 @@ def _shape(demands: Sequence[RowDemand], gammas: Sequence[int]) -> tuple[int, in
 
 def explore(choice: list[int], demands: Sequence[RowDemand], costs: BatchCosts,
             overhead: IterationOverhead) -> list[int]:
-    """``choice``, or once every ``overhead.explore_every`` iterations the best allocation
-    of the other side (plain decoding if the choice drafts, the best longest draft g ≥ 1 if
-    it does not) when that side, on a target pass shape not measured for
-    :data:`SHAPE_FRESH` iterations, is predicted within :data:`EXPLORE_MARGIN` of the
-    choice's rate at the smaller of its grid time and its re-levelled time (a shape never
-    measured is priced by passes of other shapes, whose level may be what sets them apart).
-    Only rows whose drafts may draft (``demands``' caps: a draft that has not read its
-    context and whose reading does not pay has cap 0) take part: exploring never pays for a
-    reading."""
+    """``choice``, or, once every ``overhead.explore_every`` iterations when the choice
+    drafts, plain decoding (every row at its floor) if plain decoding, on a target pass
+    shape not measured for :data:`SHAPE_FRESH` iterations, is predicted within
+    :data:`EXPLORE_MARGIN` of the choice's rate at the smaller of its grid time and its
+    re-levelled time (a shape never measured is priced by passes of other shapes, whose
+    level may be what sets them apart). A plain batch is not explored the other way: its
+    drafts would first read every token decoded since they last drafted (or the whole
+    context), a cost the iteration's rate does not show."""
     now, g = overhead.iterations, max(choice, default=0)
-    top = max((d.cap for d in demands), default=0)
-    if now - overhead.explored < overhead.explore_every or top == 0:
+    if now - overhead.explored < overhead.explore_every or g == 0:
         return choice
-    side = [0] if g > 0 else list(range(1, top + 1))
-    rates = {x: batch_rate(demands, costs, x, overhead, optimistic=True) for x in side}
-    other = max(side, key=lambda x: (rates[x], -x))
-    gammas = [d.gamma(other) for d in demands]
+    gammas = [d.gamma(0) for d in demands]
     shape = _shape(demands, gammas)
     if (shape == _shape(demands, choice) or overhead.shapes.fresh(shape, now)
-            or rates[other] < (1.0 - EXPLORE_MARGIN) * batch_rate(demands, costs, g, overhead)):
+            or batch_rate(demands, costs, 0, overhead, optimistic=True)
+            < (1.0 - EXPLORE_MARGIN) * batch_rate(demands, costs, g, overhead)):
         return choice
     overhead.explored = now
     return gammas
