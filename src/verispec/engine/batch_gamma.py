@@ -144,9 +144,8 @@ class PassLevel:
 
 class ShapeLevels:
     """Measured times of passes per shape (cache rows R, tokens k; k = 1 for draft steps):
-    the median of
-    each shape's last :data:`SHAPE_WINDOW` passes, kept for :data:`SHAPE_FRESH` iterations
-    after its last pass. Between the fresh shapes of one R the time is interpolated in k;
+    the median of each shape's last :data:`SHAPE_WINDOW` passes, kept for
+    :data:`SHAPE_FRESH` iterations after its last pass. Between the fresh shapes of one R the time is interpolated in k;
     beyond the longest it grows along the last measured slope (never down), or with the
     grid's shape from a single one; below the shortest, with the grid's shape."""
 
