@@ -111,7 +111,7 @@ OVERHEAD_RIDGE = 0.1
 #: one pass slowed by another process does not move the median, few enough that a change
 #: of the machine's speed shows within a few seconds of decoding.
 LEVEL_WINDOW = 24
-#: Target passes of one shape (rows, tokens) whose times set that shape's level.
+#: Passes of one shape (rows, tokens) whose median time predicts that shape.
 SHAPE_WINDOW = 8
 #: Iterations after which a shape's level is no longer used (the machine may have changed
 #: speed since): its passes are then predicted at the level of all passes.
@@ -145,9 +145,10 @@ class PassLevel:
 class ShapeLevels:
     """Measured times of passes per shape (cache rows R, tokens k; k = 1 for draft steps):
     the median of each shape's last :data:`SHAPE_WINDOW` passes, kept for
-    :data:`SHAPE_FRESH` iterations after its last pass. Between the fresh shapes of one R the time is interpolated in k;
-    beyond the longest it grows along the last measured slope (never down), or with the
-    grid's shape from a single one; below the shortest, with the grid's shape."""
+    :data:`SHAPE_FRESH` iterations after its last pass. Between the fresh shapes of one R
+    the time is interpolated in k; beyond the longest it grows along the last measured
+    slope (never down), or with the grid's shape from a single one; below the shortest,
+    with the grid's shape."""
 
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], deque[float]] = {}
@@ -177,11 +178,9 @@ class ShapeLevels:
         ks, ts = self.known[rows]
         if not ks:
             return None
-        if k < ks[0]:
-            return ts[0] * grid(k) / grid(ks[0])
-        if k <= ks[-1]:
+        if ks[0] <= k <= ks[-1]:
             return interpolate(ks, ts, k)
-        if len(ks) == 1:
+        if k < ks[0] or len(ks) == 1:  # with the grid's shape from the nearest (or only) one
             return ts[0] * grid(k) / grid(ks[0])
         slope = max((ts[-1] - ts[-2]) / (ks[-1] - ks[-2]), 0.0)
         return ts[-1] + slope * (k - ks[-1])
