@@ -19,7 +19,7 @@ from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
 from verispec.engine import batch_gamma, loop
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, IterationOverhead, RowDemand, batch_choice,
-                                         batch_saving, choose_gammas)
+                                         choose_gammas, reading_choice)
 from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
 from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
 from verispec.engine.loop import Engine
@@ -309,18 +309,55 @@ def test_the_drafts_reading_of_a_prompt_is_not_counted_as_overhead() -> None:
     assert all(-1e-3 < seconds < READING_S / 2 for _, _, seconds in seen)
 
 
-def test_a_batch_decides_the_reading_until_the_draft_has_read() -> None:
-    """A row whose reading paid in the batch it first found, but that was not given a draft
-    there, is judged again by the batch it is in later: one that gains nothing from drafting
-    keeps it plain (its draft never reads). Once it has drafted, the reading is paid and it
-    keeps its cap."""
+def test_a_rows_reading_is_the_batchs_decision_until_the_draft_has_read() -> None:
+    """In a batch a row's bounds are its policy's (min_gamma, max_gamma) whether or not its
+    draft has read; what the reading would cost now (context and tokens decoded so far) and
+    the tokens it must pay back over are the policy's; once it has drafted, the reading is
+    paid."""
     costs = BatchCosts(target=FLAT.target, draft=DRAFT_STEP, draft_prefill=0.01).single()
     policy = AutoGamma(costs, max_gamma=MAX_GAMMA)
     policy.start(100, 64)
-    assert policy.batch_bounds(lambda alpha: 1.0) == (0, MAX_GAMMA)  # a batch that gains
-    assert policy.batch_bounds(lambda alpha: 0.0) == (0, 0)  # grown: the reading would not pay
+    assert policy.batch_bounds() == (0, MAX_GAMMA) and not policy.drafting
+    assert policy.reading_seconds == pytest.approx(1.0)
+    assert policy.payback_tokens == pytest.approx(0.5 * 64)  # PAYBACK_SHARE of the budget
+    policy.observe(0, 0)  # one token decoded plainly: the reading grows, so does the payback
+    assert policy.reading_seconds == pytest.approx(1.01)
+    assert policy.payback_tokens == pytest.approx(1 + 0.5 * 64)
     policy.observe(2, 1)  # it drafted: its draft has read the context
-    assert policy.batch_bounds(lambda alpha: 0.0) == (0, MAX_GAMMA)
+    assert policy.reading_seconds == 0.0 and policy.batch_bounds() == (0, MAX_GAMMA)
+
+
+def _row_saving(grid: BatchCosts, rows: int, alpha: float) -> float:
+    """Seconds per token of each row that ``rows`` rows at acceptance α save by drafting
+    at the batch's choice: (T(R, 0) − T(R, g) / E[tokens](α, g)) / R."""
+    g = max(_choice(grid, rows, alpha))
+    e = (1 - alpha ** (g + 1)) / (1 - alpha)
+    return (grid.iteration(rows, 0) - grid.iteration(rows, g) / e) / rows
+
+
+def test_readings_pay_where_the_batch_choice_repays_them() -> None:
+    """A batch of rows whose drafts have not read: they read where the readings cost no
+    more than the batch's saving per row over their payback tokens, (T(R, 0) − T(R, g) /
+    E) / R at the batch's choice g, and not all of them a little above it. A new row beside rows that
+    keep the batch plain (acceptance 0.1) is weighed with them: it does not read, although
+    a batch in which every row drafted at its acceptance would repay its reading; beside
+    rows that draft, its reading (the same seconds) pays."""
+    rows, tokens = 4, 50.0
+    threshold = _row_saving(FLAT, rows, ALPHA) * tokens
+    assert threshold > 0
+    demands = [RowDemand(ALPHA, 0, MAX_GAMMA)] * rows
+    for share, reads in [(0.99, True), (1.01, False)]:
+        readings = {b: (share * threshold, tokens) for b in range(rows)}
+        choice, _ = reading_choice(demands, readings, FLAT)
+        assert all(g > 0 for g in choice) is reads  # above it, not all of them read
+    pair = [RowDemand(ALPHA, 0, MAX_GAMMA)] * 2
+    reading = 0.5 * _row_saving(BALANCED, 2, ALPHA) * tokens  # repaid if both drafted at α
+    new = {1: (reading, tokens)}
+    beside_plain = [RowDemand(0.1, 0, MAX_GAMMA), pair[1]]
+    assert max(batch_choice(beside_plain, BALANCED)) > 0  # the row would make the batch draft
+    assert reading_choice(beside_plain, new, BALANCED)[0] == [0, 0]
+    choice, chosen_from = reading_choice(pair, new, BALANCED)
+    assert all(g > 0 for g in choice) and chosen_from == pair
 
 
 def _rows(policies: Sequence[object]) -> list[SimpleNamespace]:
@@ -340,14 +377,9 @@ def test_a_batch_reads_the_drafts_context_only_when_the_batch_gains() -> None:
 
     alone = policies(LINEAR, 1)[0]
     assert not alone.drafting and alone.choose() > 0 and alone.drafting
-    assert batch_saving(LINEAR, 8, ALPHA, MAX_GAMMA) < 0 < batch_saving(FLAT, 8, ALPHA, MAX_GAMMA)
-    e = (1 - ALPHA ** (MAX_GAMMA + 1)) / (1 - ALPHA)
-    assert batch_saving(FLAT, 8, ALPHA, MAX_GAMMA) == pytest.approx(
-        (FLAT.iteration(8, 0) - FLAT.iteration(8, MAX_GAMMA) / e) / 8)
     waiting = policies(LINEAR, 8)
     assert choose_gammas(_rows(waiting), [MAX_GAMMA] * 8) == [0] * 8  # type: ignore[arg-type]
     assert not any(p.drafting for p in waiting)
-    assert all(p.batch_bounds() == (0, MAX_GAMMA) for p in policies(LINEAR, 8))  # one-row rule
     reading = policies(FLAT, 8)
     got = choose_gammas(_rows(reading), [MAX_GAMMA] * 8)  # type: ignore[arg-type]
     assert all(g > 0 for g in got)
@@ -379,7 +411,7 @@ def test_a_fixed_length_request_reads_when_its_remaining_tokens_repay_the_readin
     assert policies(alone, False)[0].choose() == 0
     assert policies(alone, True)[0].choose() > 0
     assert policies(alone, True, emitted=budget - 1)[0].choose() == 0  # one token repays little
-    batch = max(batch_saving(FLAT, 4, alpha, g) for g in range(1, MAX_GAMMA + 1))
+    batch = _row_saving(FLAT, 4, alpha)
     assert batch > 0
     for fixed_length in (False, True):
         rows = policies(batch, fixed_length, 4)

@@ -19,11 +19,13 @@ most ``max_gamma`` + 1 evaluations) therefore finds the exact optimum of the mod
 single-draft rows; ties go to the shorter g. Rows with a fixed γ keep it (their blocks
 count in g and their tokens, at the prior acceptance, in the numerator).
 
-**Reading.** A row whose draft has not read its context yet may draft only once the reading
-pays back (:meth:`AutoGamma.batch_bounds`); in a batch the saving it is weighed against is
-the batch's per row (:func:`batch_saving`), not what drafting would save the request alone,
-so a batch in which speculation gains little keeps decoding plainly instead of paying for
-readings it cannot recoup.
+**Reading.** A row whose draft has not read its context yet drafts (and so reads) only
+where the batch choice itself gains enough by drafting it to repay the reading
+(:func:`reading_choice`): the batch's rate with and without that row drafting is compared,
+and the reading — during which every row of the batch waits — must be repaid over the
+row's payback tokens (:attr:`AutoGamma.payback_tokens`). A row's reading is thus never
+weighed against a batch in which every row drafts at its own α when the rows beside it
+would keep the batch plain.
 
 The choice depends only on the past (the rows' observed acceptances and the costs timed at
 start-up), never on the current draft, so every lossless method stays lossless. A batch of
@@ -63,7 +65,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -72,8 +74,8 @@ from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_
 from verispec.engine.request import Row
 
 __all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "IterationOverhead", "PassLevel",
-           "RowDemand", "ShapeLevels", "batch_choice", "batch_saving", "choose_gammas",
-           "explore", "iteration_seconds", "retimed"]
+           "RowDemand", "ShapeLevels", "batch_choice", "choose_gammas", "explore",
+           "reading_choice", "retimed"]
 
 
 @dataclass(frozen=True)
@@ -304,32 +306,6 @@ def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
     return tokens / (costs.iteration(rows, g) + extra)
 
 
-def batch_saving(costs: BatchCosts, rows: int, alpha: float, g: int,
-                 overhead: IterationOverhead | None = None, *,
-                 seconds: Callable[[int], float] | None = None) -> float:
-    """Seconds per token of one row that ``rows`` rows drafting g tokens each at acceptance α
-    save over plain decoding: (T(R, 0) − T(R, g) / E[tokens](α, g)) / R, T an iteration's
-    passes plus the learned overhead (``seconds``: T(R, ·) of :func:`iteration_seconds`, to
-    share among calls). Reading every row's context pays when each reading costs less than
-    this over the row's tokens."""
-    seconds = seconds or iteration_seconds(costs, rows, overhead)
-    return (seconds(0) - seconds(g) / expected_tokens(alpha, g)) / rows
-
-
-def iteration_seconds(costs: BatchCosts, rows: int,
-                      overhead: IterationOverhead | None = None) -> Callable[[int], float]:
-    """T(rows, g): an iteration's predicted passes plus the learned overhead, remembered per g."""
-    known: dict[int, float] = {}
-
-    def seconds(g: int) -> float:
-        if g not in known:
-            known[g] = costs.iteration(rows, g) + (0.0 if overhead is None
-                                                   else overhead.predict(rows, g))
-        return known[g]
-
-    return seconds
-
-
 def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts,
                  overhead: IterationOverhead | None = None) -> list[int]:
     """Every row's γ: the longest draft g in [0, max cap] of highest :func:`batch_rate`
@@ -365,21 +341,51 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     if costs is None or len(rows) == 1:
         alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
         return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
-    demands = []
-    seconds = iteration_seconds(costs, len(rows), overhead)  # shared by every row's saving
-    for row, policy, cap in zip(rows, policies, caps, strict=True):
-        forks = row.num_drafts
+    demands, readings = [], {}
+    for b, (row, policy, cap) in enumerate(zip(rows, policies, caps, strict=True)):
         if isinstance(policy, AutoGamma):
-            floor, top = policy.batch_bounds(lambda alpha, p=policy: max(
-                batch_saving(costs, len(rows), alpha, g, seconds=seconds)
-                for g in range(1, p.max_gamma + 1)))
+            floor, top = policy.batch_bounds()
             top = max(min(top, cap), 0)
-            demands.append(RowDemand(policy.alpha, min(floor, top), top, forks))
+            demands.append(RowDemand(policy.alpha, min(floor, top), top, row.num_drafts))
+            if not policy.drafting and top > 0:
+                readings[b] = (policy.reading_seconds, policy.payback_tokens)
         else:
-            demands.append(RowDemand(PRIOR_ALPHA, 0, max(min(policy.choose(), cap), 0), forks,
-                                     fixed=True))
-    choice = batch_choice(demands, costs, overhead)
+            demands.append(RowDemand(PRIOR_ALPHA, 0, max(min(policy.choose(), cap), 0),
+                                     row.num_drafts, fixed=True))
+    choice, demands = reading_choice(demands, readings, costs, overhead)
     return choice if overhead is None else explore(choice, demands, costs, overhead)
+
+
+def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float, float]],
+                   costs: BatchCosts, overhead: IterationOverhead | None = None,
+                   ) -> tuple[list[int], list[RowDemand]]:
+    """The batch's choice when the drafts of some rows have not read their contexts yet
+    (``readings``: row -> (seconds of its reading, tokens over which it must pay back)), and
+    the demands it was chosen from (rows left unread at cap 0).
+
+    The choice without those rows drafting is the base (rate r₀). With the readers drafting
+    too the batch runs at r₁ ≥ r₀ and saves (1/r₀ − 1/r₁) · R seconds per token of each of
+    its R rows; the readings, during which the whole batch waits, pay when their sum is at
+    most that saving over the shortest payback of the readers. Where they do not, the
+    reader whose reading is dearest per payback token is dropped and the rest weighed
+    again. A batch that would not draft the readers even so does not read for them."""
+    plain = [replace(d, floor=0, cap=0) if b in readings else d for b, d in enumerate(demands)]
+    base = batch_choice(plain, costs, overhead)
+    readers = dict(readings)
+    while readers:
+        trial = [d if b in readers or b not in readings else plain[b]
+                 for b, d in enumerate(demands)]
+        choice = batch_choice(trial, costs, overhead)
+        g = max(choice, default=0)
+        if g == 0:
+            break
+        saved = len(demands) * (1.0 / batch_rate(plain, costs, max(base, default=0), overhead)
+                                - 1.0 / batch_rate(trial, costs, g, overhead))
+        reading = sum(seconds for seconds, _ in readers.values())
+        if reading <= saved * min(tokens for _, tokens in readers.values()):
+            return choice, trial
+        del readers[max(readers, key=lambda b: readers[b][0] / max(readers[b][1], 1e-9))]
+    return base, plain
 
 
 def _shape(demands: Sequence[RowDemand], gammas: Sequence[int]) -> tuple[int, int]:

@@ -17,6 +17,7 @@ import platform
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -162,25 +163,38 @@ class BatchCosts:
     draft: dict[int, float]
     draft_prefill: float = 0.0
 
-    @property
+    @cached_property
     def rows(self) -> tuple[int, ...]:
         return tuple(sorted({r for r, _ in self.target}))
 
     def ks(self, rows: int = 1) -> tuple[int, ...]:
         """The k timed with ``rows`` rows."""
-        return tuple(sorted(k for r, k in self.target if r == rows))
+        return self._curves.get(rows, ((), []))[0]
+
+    @cached_property
+    def _curves(self) -> dict[int, tuple[tuple[int, ...], list[float]]]:
+        """rows -> (the k timed with those rows, their seconds), built once (the batch
+        policy asks for many passes every iteration)."""
+        out = {}
+        for r in self.rows:
+            ks = tuple(sorted(k for rr, k in self.target if rr == r))
+            out[r] = ks, [self.target[(r, k)] for k in ks]
+        return out
+
+    @cached_property
+    def _draft_curve(self) -> tuple[list[int], list[float]]:
+        rs = sorted(self.draft)
+        return rs, [self.draft[r] for r in rs]
 
     def target_pass(self, rows: int, k: int) -> float:
         """Seconds of a target pass over ``rows`` rows of k tokens: linear in k at every
         timed row count, then linear in the rows between them (bilinear on a full grid)."""
-        at_rows = [interpolate(ks, [self.target[(r, x)] for x in ks], k)
-                   for r in self.rows for ks in [self.ks(r)]]
+        at_rows = [interpolate(ks, ts, k) for ks, ts in self._curves.values()]
         return interpolate(self.rows, at_rows, rows)
 
     def draft_step(self, rows: int) -> float:
         """Seconds of one draft step over ``rows`` rows (linear between timed counts)."""
-        rs = sorted(self.draft)
-        return interpolate(rs, [self.draft[r] for r in rs], rows)
+        return interpolate(*self._draft_curve, rows)
 
     def iteration(self, rows: int, gamma: int) -> float:
         """Seconds of one iteration of ``rows`` rows whose longest draft is γ tokens: γ

@@ -7,7 +7,6 @@ verifier stays lossless with it (the tests prove it by exact enumeration).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 from verispec.checks import check_positive
@@ -209,40 +208,41 @@ class AutoGamma:
 
     def _reading_pays(self, saving: float) -> bool:
         """Whether the draft's reading of the context costs no more than ``saving`` (seconds
-        per token that drafting saves) over the tokens decoded so far plus PAYBACK_SHARE of
-        the budget — or, for a request of fixed length, over the tokens it has left."""
-        reading = self.costs.draft_prefill * (self.context + self.emitted)
+        per token that drafting saves) over :attr:`payback_tokens`."""
+        return self.reading_seconds <= saving * self.payback_tokens
+
+    @property
+    def reading_seconds(self) -> float:
+        """What the draft's reading of the context would cost now (0 once it has read)."""
+        if self.drafting:
+            return 0.0
+        return self.costs.draft_prefill * (self.context + self.emitted)
+
+    @property
+    def payback_tokens(self) -> float:
+        """The tokens over which a reading must pay back: those decoded so far plus
+        PAYBACK_SHARE of the budget — or, for a request of fixed length, those it has left."""
         if self.fixed_length:
-            return reading <= saving * (self.budget - self.emitted)
-        return reading <= saving * (self.emitted + PAYBACK_SHARE * self.budget)
+            return float(self.budget - self.emitted)
+        return self.emitted + PAYBACK_SHARE * self.budget
 
     @property
     def learning(self) -> bool:
         """The pair is new: fewer than HISTORY_MIN positions of its acceptance are known."""
         return self.history is not None and self.history.tested < HISTORY_MIN
 
-    def batch_bounds(self, saving: Callable[[float], float] | None = None) -> tuple[int, int]:
+    def batch_bounds(self) -> tuple[int, int]:
         """(floor, cap) of this request's γ when the engine chooses the draft lengths of a
-        whole batch (:mod:`verispec.engine.batch_gamma`), in place of :meth:`choose`.
-
-        The cap is ``max_gamma``, or 0 while the draft has not read the context and its
-        reading does not pay yet (as in :meth:`choose`, with ``saving(α)``, the seconds per
-        token drafting saves each row of the current batch, in place of the one-row saving
-        when given: a batch that gains less from drafting waits longer to read). Until the
-        row has drafted (its draft has read the context), every call decides the reading
-        again with the batch of that moment: a request that found a small batch and was
-        not given a draft there does not keep that verdict once the batch has grown. The
-        floor is ``min_gamma``. Neither a new pair nor a periodic probe makes a row draft
+        whole batch (:mod:`verispec.engine.batch_gamma`), in place of :meth:`choose`:
+        ``min_gamma`` and ``max_gamma``. Whether a row whose draft has not read the context
+        yet may draft (and so read) is the batch's decision: it prices the reading
+        (:attr:`reading_seconds`, over :attr:`payback_tokens`) against what the batch gains
+        by drafting that row. Neither a new pair nor a periodic probe makes a row draft
         here: one drafting row pads the pass of every row of the batch to its block, so a
         new pair is judged at its prior α and learned by requests that run alone. A row the
         batch keeps at γ = 0 keeps its estimate of α until it drafts again (alone, it
         probes as before)."""
         self._first_choice()
-        if not self.drafting:
-            gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma), self.min_gamma)
-            gain = self.costs.saving(self.alpha, gamma) if saving is None else saving(self.alpha)
-            if gamma == 0 or not self._reading_pays(gain):
-                return 0, 0
         return self.min_gamma, self.max_gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
