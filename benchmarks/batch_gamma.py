@@ -11,22 +11,80 @@ times γ auto's pass-cost grid for it, once per machine):
 Prints tokens per second (all rows' tokens over the call's wall time, prompt reading
 included) and the number of batched target passes per configuration and round, the median
 per configuration, and γ auto over the best of the others in the same round (geometric mean
-over the rounds, and each round's ratio).
+over the rounds, and each round's ratio); ``--out FILE`` keeps the rounds and the machine as
+JSON, ``--report FILE`` prints the same summary from such a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
 import torch
 
 from verispec.api import generate_batch, load_pair
+from verispec.bench.measure import machine_description
 from verispec.bench.suites import load_suite
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 
 PROMPTS = 8
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every configuration in ``args.repeats`` rotated rounds: the record ``--out`` keeps."""
+    torch.set_num_threads(2)
+    pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT)
+    prompts = [x.text for x in load_suite("humaneval", PROMPTS)]
+    configs: list[tuple[str, int | str]] = [("ar", 0), ("block", "auto")]
+    configs += [("block", int(g)) for g in args.gammas.split(",") if g]
+    # warm-up at the timed batch size: γ auto's pass-cost grid for it (timed once per machine
+    # and kept on disk) is measured here, not inside the first timed call
+    generate_batch(pair.target, pair.draft, prompts[:args.batch], method="block", gamma="auto",
+                   temperature=args.temperature, max_new_tokens=4, batch_size=args.batch)
+    rounds: list[dict[str, dict[str, float]]] = []
+    for r in range(args.repeats):
+        cells: dict[str, dict[str, float]] = {}
+        for method, gamma in configs[r % len(configs):] + configs[:r % len(configs)]:
+            start = time.perf_counter()
+            out = generate_batch(pair.target, pair.draft, prompts, method=method, gamma=gamma,
+                                 temperature=args.temperature, seeds=list(range(PROMPTS)),
+                                 max_new_tokens=args.tokens, batch_size=args.batch,
+                                 ignore_eos=True)
+            wall = time.perf_counter() - start
+            name = "ar" if method == "ar" else f"block γ={gamma}"
+            cells[name] = {"tokens_per_s": sum(len(res.tokens) for res in out.results) / wall,
+                           "target_passes": out.stats.target_passes}
+            print(f"round {r + 1} B={args.batch} T={args.temperature:g} {name}: "
+                  f"{cells[name]['tokens_per_s']:.2f} tok/s, "
+                  f"{out.stats.target_passes} target passes", flush=True)
+        rounds.append(cells)
+    return {"config": {k: v for k, v in vars(args).items() if k not in ("out", "report")},
+            "prompts": PROMPTS, "machine": machine_description(),
+            "command": "python benchmarks/batch_gamma.py " + " ".join(
+                f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "report")),
+            "rounds": rounds}
+
+
+def summarize(record: dict) -> None:
+    """The medians per configuration and γ auto over the best other in the same round."""
+    rounds = record["rounds"]
+    ratios = []
+    for cells in rounds:
+        others = [c["tokens_per_s"] for k, c in cells.items() if k != "block γ=auto"]
+        ratios.append(cells["block γ=auto"]["tokens_per_s"] / max(others))
+    config = record["config"]
+    print(f"B={config['batch']} T={config['temperature']:g}, {config['tokens']} tokens, "
+          f"{len(rounds)} rounds; {record['machine']}")
+    for name in rounds[0]:
+        rates = [x[name]["tokens_per_s"] for x in rounds]
+        passes = sorted({x[name]["target_passes"] for x in rounds})
+        print(f"{name}: median {statistics.median(rates):.2f} tok/s (rounds "
+              + ", ".join(f"{x:.2f}" for x in rates) + f"), target passes {passes}")
+    print(f"γ auto / best other in the same round: geometric mean "
+          f"{statistics.geometric_mean(ratios):.3f} (rounds: "
+          + ", ".join(f"{x:.3f}" for x in ratios) + ")")
 
 
 def main() -> None:
@@ -37,42 +95,21 @@ def main() -> None:
     p.add_argument("--gammas", default="2,4", help="fixed γ values besides auto and ar")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every configuration (round r starts at the r-th)")
+    p.add_argument("--out", default="", help="write the rounds as JSON here")
+    p.add_argument("--report", default="",
+                   help="print the summary of a JSON written by --out (nothing is run)")
     args = p.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            summarize(json.load(f))
+        return
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
-    torch.set_num_threads(2)
-    pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT)
-    prompts = [x.text for x in load_suite("humaneval", PROMPTS)]
-    configs: list[tuple[str, int | str]] = [("ar", 0), ("block", "auto")]
-    configs += [("block", int(g)) for g in args.gammas.split(",") if g]
-    # warm-up at the timed batch size: γ auto's pass-cost grid for it (timed once per machine
-    # and kept on disk) is measured here, not inside the first timed call
-    generate_batch(pair.target, pair.draft, prompts[:args.batch], method="block", gamma="auto",
-                   temperature=args.temperature, max_new_tokens=4, batch_size=args.batch)
-    rounds: list[dict[str, float]] = []
-    for r in range(args.repeats):
-        rates: dict[str, float] = {}
-        for method, gamma in configs[r % len(configs):] + configs[:r % len(configs)]:
-            start = time.perf_counter()
-            out = generate_batch(pair.target, pair.draft, prompts, method=method, gamma=gamma,
-                                 temperature=args.temperature, seeds=list(range(PROMPTS)),
-                                 max_new_tokens=args.tokens, batch_size=args.batch,
-                                 ignore_eos=True)
-            wall = time.perf_counter() - start
-            name = "ar" if method == "ar" else f"block γ={gamma}"
-            rates[name] = sum(len(res.tokens) for res in out.results) / wall
-            print(f"round {r + 1} B={args.batch} T={args.temperature:g} {name}: "
-                  f"{rates[name]:.2f} tok/s, {out.stats.target_passes} target passes", flush=True)
-        rounds.append(rates)
-    ratios = []
-    for rates in rounds:
-        others = {k: v for k, v in rates.items() if k != "block γ=auto"}
-        ratios.append(rates["block γ=auto"] / max(others.values()))
-    for name in rounds[0]:
-        print(f"{name}: median {statistics.median(x[name] for x in rounds):.2f} tok/s")
-    print(f"γ auto / best other in the same round: geometric mean "
-          f"{statistics.geometric_mean(ratios):.3f} (rounds: "
-          + ", ".join(f"{x:.3f}" for x in ratios) + ")")
+    record = run(args)
+    summarize(record)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1, ensure_ascii=False)
 
 
 if __name__ == "__main__":

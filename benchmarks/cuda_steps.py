@@ -13,6 +13,11 @@ its row times the draft's step, not a real acceptance.)
     python benchmarks/cuda_steps.py --device cuda --precision bfloat16 --tokens 128
     python benchmarks/cuda_steps.py --device cpu --shapes tiny     # a quick check anywhere
 
+Then ``generate_batch`` with ``--batch-sizes`` rows (one random prompt per row, every row
+decoding ``--tokens``): ``ar``, ``block`` at the fixed γ and ``block`` with γ auto, both with
+the target copy as draft. γ auto must not cost throughput where speculation does not pay on
+this device (the better of ``ar`` and fixed γ is the bar).
+
 Prints a Markdown table and writes ``--out`` (JSON) with the device's name.
 """
 
@@ -27,7 +32,7 @@ from typing import Any
 
 import torch
 
-from verispec import generate
+from verispec import generate, generate_batch
 from verispec.models.native import NativeCausalLM, from_hf_module
 from verispec.models.timing import pass_costs
 from verispec.telemetry.machine import cpu_info
@@ -76,19 +81,59 @@ def _model(module: Any, name: str, precision: str, device: torch.device) -> Nati
                           device=device)
 
 
-def _decode(target: NativeCausalLM, draft: NativeCausalLM, method: str, gamma: int | None,
+def _decode(target: NativeCausalLM, draft: NativeCausalLM, method: str,
+            gamma: int | str | None,
             prompt: list[int], tokens: int, repeats: int) -> dict[str, float]:
-    """Median tokens/s over ``repeats`` runs at T = 0, every run decoding ``tokens``."""
+    """Median tokens/s over ``repeats`` runs at T = 0, every run decoding ``tokens``, after
+    one untimed run (allocations, kernel selection, γ auto's grid timed or read)."""
     speeds, result = [], None
-    for _ in range(repeats):
+    for i in range(repeats + 1):
         result = generate(target, draft, prompt, method=method, gamma=gamma, temperature=0,
                           max_new_tokens=tokens, ignore_eos=True)
-        speeds.append(len(result.tokens) / result.stats.wall_time_s)
+        if i:
+            speeds.append(len(result.tokens) / result.stats.wall_time_s)
     assert result is not None
     s = result.stats
     return {"tokens_per_s": statistics.median(speeds), "target_passes": s.target_passes,
             "accepted_per_pass": s.accepted_total / max(s.iterations, 1),
             "wall_ms_per_token": 1e3 / statistics.median(speeds)}
+
+
+def _decode_batch(target: NativeCausalLM, draft: NativeCausalLM, method: str,
+                  gamma: int | str | None, prompts: list[list[int]], tokens: int,
+                  repeats: int) -> dict[str, float]:
+    """Median tokens/s of ``generate_batch`` over ``repeats`` runs, all rows at once, T = 0,
+    after one untimed run."""
+    speeds, stats = [], None
+    for i in range(repeats + 1):
+        out = generate_batch(target, draft, prompts, method=method, gamma=gamma,
+                             temperature=0, max_new_tokens=tokens, batch_size=len(prompts),
+                             ignore_eos=True)
+        stats = out.stats
+        if i:
+            speeds.append(sum(len(r.tokens) for r in out.results) / stats.wall_time_s)
+    assert stats is not None
+    # Stats.iterations counts row-iterations (one per row and engine iteration).
+    return {"tokens_per_s": statistics.median(speeds), "row_iterations": stats.iterations,
+            "drafted_per_row_iteration": stats.drafted_total / max(stats.iterations, 1)}
+
+
+def _batched(target: NativeCausalLM, twin: NativeCausalLM, vocab: int, args: Any) -> dict:
+    """``ar``, fixed γ and γ auto through ``generate_batch`` at each batch size."""
+    g = torch.Generator().manual_seed(2)
+    report: dict[str, Any] = {}
+    print("\n| rows | run | tok/s | row-iterations | drafted per row-iteration |")
+    print("|---|---|---|---|---|")
+    for rows in args.batch_sizes:
+        prompts = [torch.randint(vocab, (CONTEXT,), generator=g).tolist() for _ in range(rows)]
+        runs = {"ar": ("ar", None), f"block γ {args.gamma}": ("block", args.gamma),
+                "block γ auto": ("block", "auto")}
+        for label, (method, gamma) in runs.items():
+            row = _decode_batch(target, twin, method, gamma, prompts, args.tokens, args.repeats)
+            report[f"{rows} rows, {label}"] = row
+            print(f"| {rows} | {label} (draft = target copy) | {row['tokens_per_s']:.1f} | "
+                  f"{row['row_iterations']} | {row['drafted_per_row_iteration']:.2f} |", flush=True)
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -99,10 +144,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch-sizes", default="1,4,8",
+                    type=lambda v: [int(x) for x in v.split(",") if x],
+                    help="rows of the generate_batch runs (empty: none)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
-    if args.tokens < 1 or args.gamma < 1 or args.repeats < 1:
-        ap.error("--tokens, --gamma and --repeats must be at least 1")
+    if args.tokens < 1 or args.gamma < 1 or args.repeats < 1 or min(args.batch_sizes,
+                                                                     default=1) < 1:
+        ap.error("--tokens, --gamma, --repeats and --batch-sizes must be at least 1")
     device = torch.device(args.device)
     name = (torch.cuda.get_device_name(device) if device.type == "cuda"
             else f"{cpu_info().model_name}, {torch.get_num_threads()} threads")
@@ -124,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     twin = _model(modules["target"], "target-copy", args.precision, device)
     runs = {"ar": ("ar", None, models["draft"]),
             f"block γ {args.gamma}, draft = 0.5B shape": ("block", args.gamma, models["draft"]),
-            f"block γ {args.gamma}, draft = target copy": ("block", args.gamma, twin)}
+            f"block γ {args.gamma}, draft = target copy": ("block", args.gamma, twin),
+            "block γ auto, draft = target copy": ("block", "auto", twin)}
     print("\n| run | tok/s | ms/token | target passes | accepted per pass |\n|---|---|---|---|---|")
     start = time.perf_counter()
     for label, (method, gamma, draft) in runs.items():
@@ -133,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"| {label} | {row['tokens_per_s']:.1f} | {row['wall_ms_per_token']:.2f} | "
               f"{row['target_passes']} | {row['accepted_per_pass']:.2f} |", flush=True)
     report["decode_seconds"] = time.perf_counter() - start
+    report["batched"] = _batched(models["target"], twin, vocab, args)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
