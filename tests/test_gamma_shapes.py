@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS
 
-from verispec.engine.batch_gamma import (EXPLORE_EVERY, SHAPE_FRESH, IterationOverhead,
-                                         ShapeLevels, choose_gammas)
+from verispec.engine.batch_gamma import (EXPLORE_EVERY, SHAPE_FRESH, SHAPE_TRUSTED, SLOPE_SPAN,
+                                         IterationOverhead, ShapeLevels, choose_gammas)
 from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import AutoGamma
 
@@ -87,9 +87,47 @@ def test_shape_times_interpolate_extrapolate_and_expire() -> None:
     assert shapes.seconds(8, 1, 0, grid) == pytest.approx(0.5)
     assert shapes.seconds(4, 2, 0, grid) is None
     shapes.observe((8, 4), 4.0, now=10)
-    assert shapes.seconds(8, 4, SHAPE_FRESH + 5, grid) == pytest.approx(3.0)  # median of 2, 4
+    shapes.observe((8, 4), 3.0, now=10)
+    assert shapes.seconds(8, 4, SHAPE_FRESH + 5, grid) == pytest.approx(3.0)  # median of 2, 4, 3
     assert shapes.seconds(8, 2, SHAPE_FRESH + 5, grid) == pytest.approx(1.5)  # (8, 2) expired
     assert shapes.seconds(8, 4, SHAPE_FRESH + 11, grid) is None
+
+
+def test_longer_passes_keep_the_grids_shape_until_the_shapes_span_enough_tokens() -> None:
+    """Two adjacent shapes (one token apart) priced 1.0 and 2.0: a longer pass keeps the
+    grid's shape from the longer one, not their slope times the distance; shapes spanning
+    SLOPE_SPAN tokens or more extrapolate along their least-squares slope (never down)."""
+    grid = {k: 0.5 * k for k in range(1, 10)}.__getitem__
+
+    def measured(times: dict[int, float]) -> ShapeLevels:
+        shapes = ShapeLevels()
+        for k, t in times.items():
+            for _ in range(SHAPE_TRUSTED):
+                shapes.observe((1, k), t, now=0)
+        return shapes
+
+    assert SLOPE_SPAN == 2
+    shapes = measured({2: 1.0, 3: 2.0})
+    assert shapes.seconds(1, 9, 0, grid) == pytest.approx(2.0 * 4.5 / 1.5)  # not 2 + 6 × 1
+    shapes = measured({2: 1.0, 3: 2.0, 4: 2.0})  # 2..4: slope (2 − 1) / 2 by least squares
+    assert shapes.seconds(1, 8, 0, grid) == pytest.approx(2.0 + 0.5 * 4)
+    falling = measured({2: 3.0, 4: 2.0})
+    assert falling.seconds(1, 6, 0, grid) == pytest.approx(2.0)  # never down
+
+
+def test_a_shape_measured_few_times_is_not_priced_above_the_grid() -> None:
+    """One slow pass of a shape (a busy moment) would keep the policy off that shape, and
+    so from measuring it again, for SHAPE_FRESH iterations: until SHAPE_TRUSTED passes are
+    known, its time is at most the grid's (at the current level); from then on the median
+    stands."""
+    grid = {k: 0.1 * k for k in range(1, 10)}.__getitem__
+    shapes = ShapeLevels()
+    shapes.observe((1, 5), 0.9, now=0)  # grid 0.5
+    assert shapes.seconds(1, 5, 0, grid) == pytest.approx(0.5)
+    shapes.observe((1, 5), 0.3, now=1)
+    assert shapes.seconds(1, 5, 1, grid) == pytest.approx(0.5)  # median 0.6, capped
+    shapes.observe((1, 5), 0.8, now=2)
+    assert shapes.seconds(1, 5, 2, grid) == pytest.approx(0.8)  # three passes: the median
 
 
 def test_a_batch_that_drafts_on_a_wrong_shape_explores_plain_decoding() -> None:

@@ -73,7 +73,7 @@ from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "IterationOverhead", "PassLevel",
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED", "SLOPE_SPAN", "IterationOverhead", "PassLevel",
            "RowDemand", "ShapeLevels", "batch_choice", "choose_gammas", "explore",
            "reading_choice", "retimed"]
 
@@ -115,6 +115,14 @@ OVERHEAD_RIDGE = 0.1
 LEVEL_WINDOW = 24
 #: Passes of one shape (rows, tokens) whose median time predicts that shape.
 SHAPE_WINDOW = 8
+#: Passes of a shape from which its median is trusted as measured; from fewer it is
+#: capped at the grid's time at the current level.
+SHAPE_TRUSTED = 3
+#: Tokens per row that the fresh shapes of one row count must span before longer passes
+#: are extrapolated along their fitted slope (a slope between two adjacent shapes, each a
+#: median of a few noisy passes, multiplied by the distance to a long block, is mostly noise;
+#: below this span longer passes keep the grid's shape).
+SLOPE_SPAN = 2
 #: Iterations after which a shape's level is no longer used (the machine may have changed
 #: speed since): its passes are then predicted at the level of all passes.
 SHAPE_FRESH = 256
@@ -148,9 +156,9 @@ class ShapeLevels:
     """Measured times of passes per shape (cache rows R, tokens k; k = 1 for draft steps):
     the median of each shape's last :data:`SHAPE_WINDOW` passes, kept for
     :data:`SHAPE_FRESH` iterations after its last pass. Between the fresh shapes of one R
-    the time is interpolated in k; beyond the longest it grows along the last measured
-    slope (never down), or with the grid's shape from a single one; below the shortest,
-    with the grid's shape."""
+    the time is interpolated in k; beyond the longest it grows along their least-squares
+    slope (never down) where they span at least :data:`SLOPE_SPAN` tokens, else with the
+    grid's shape from the longest; below the shortest, with the grid's shape."""
 
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], deque[float]] = {}
@@ -166,26 +174,41 @@ class ShapeLevels:
             self.seen[shape] = now
             self.known.clear()
 
+    def _median(self, shape: tuple[int, int], grid: Callable[[int], float]) -> float:
+        """The shape's median time; from fewer than :data:`SHAPE_TRUSTED` passes, at most
+        ``grid`` (one slow pass must not keep the policy off a shape it then never
+        measures again)."""
+        times = self.times[shape]
+        median = statistics.median(times)
+        return median if len(times) >= SHAPE_TRUSTED else min(median, grid(shape[1]))
+
     def fresh(self, shape: tuple[int, int], now: int) -> bool:
         return shape in self.seen and now - self.seen[shape] <= SHAPE_FRESH
 
     def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float]) -> float | None:
         """The predicted time of a pass of ``rows`` rows × k tokens (None: no fresh shape of
-        those rows); ``grid(k)``: the grid's time at those rows."""
+        those rows); ``grid(k)``: the grid's time at those rows, at the current level."""
         if now != self.known_at:
             self.known, self.known_at = {}, now
         if rows not in self.known:
             ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
-            self.known[rows] = ks, [statistics.median(self.times[(rows, x)]) for x in ks]
+            self.known[rows] = ks, [self._median((rows, x), grid) for x in ks]
         ks, ts = self.known[rows]
         if not ks:
             return None
         if ks[0] <= k <= ks[-1]:
             return interpolate(ks, ts, k)
-        if k < ks[0] or len(ks) == 1:  # with the grid's shape from the nearest (or only) one
-            return ts[0] * grid(k) / grid(ks[0])
-        slope = max((ts[-1] - ts[-2]) / (ks[-1] - ks[-2]), 0.0)
-        return ts[-1] + slope * (k - ks[-1])
+        near = 0 if k < ks[0] else -1
+        if near == 0 or ks[-1] - ks[0] < SLOPE_SPAN:  # the grid's shape from the nearest
+            return ts[near] * grid(k) / grid(ks[near])
+        return ts[-1] + _slope(ks, ts) * (k - ks[-1])
+
+
+def _slope(xs: Sequence[int], ys: Sequence[float]) -> float:
+    """The least-squares slope of ys over xs, never negative."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return max(num / sum((x - mx) ** 2 for x in xs), 0.0)
 
 
 class IterationOverhead:
@@ -239,9 +262,11 @@ class IterationOverhead:
         if grid is None:
             return 0.0
         planned, step = grid.target_pass(rows, g + 1), grid.draft_step(rows)
+        level, draft_level = self.target_level.scale, self.draft_level.scale
         target = self.shapes.seconds(rows, g + 1, self.iterations,
-                                     lambda k: grid.target_pass(rows, k))
-        drafted = self.draft_shapes.seconds(rows, 1, self.iterations, lambda k: step)
+                                     lambda k: grid.target_pass(rows, k) * level)
+        drafted = self.draft_shapes.seconds(rows, 1, self.iterations,
+                                            lambda k: step * draft_level)
         return (g * ((step * self.draft_level.scale if drafted is None else drafted) - step)
                 + (planned * self.target_level.scale if target is None else target) - planned)
 
