@@ -338,10 +338,10 @@ def _row_saving(grid: BatchCosts, rows: int, alpha: float) -> float:
 def test_readings_pay_where_the_batch_choice_repays_them() -> None:
     """A batch of rows whose drafts have not read: they read where the readings cost no
     more than the batch's saving per row over their payback tokens, (T(R, 0) − T(R, g) /
-    E) / R at the batch's choice g, and not all of them a little above it. A new row beside rows that
-    keep the batch plain (acceptance 0.1) is weighed with them: it does not read, although
-    a batch in which every row drafted at its acceptance would repay its reading; beside
-    rows that draft, its reading (the same seconds) pays."""
+    E) / R at the batch's choice g, and not all of them a little above it. A new row
+    beside rows that keep the batch plain (acceptance 0.1) is weighed with them: it does
+    not read, although a batch in which every row drafted at its acceptance would repay
+    its reading; beside rows that draft, its reading (the same seconds) pays."""
     rows, tokens = 4, 50.0
     threshold = _row_saving(FLAT, rows, ALPHA) * tokens
     assert threshold > 0

@@ -73,9 +73,9 @@ from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED", "SLOPE_SPAN", "IterationOverhead", "PassLevel",
-           "RowDemand", "ShapeLevels", "batch_choice", "choose_gammas", "explore",
-           "reading_choice", "retimed"]
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED", "SLOPE_SPAN",
+           "IterationOverhead", "PassLevel", "RowDemand", "ShapeLevels", "batch_choice",
+           "choose_gammas", "explore", "reading_choice", "retimed"]
 
 
 @dataclass(frozen=True)
@@ -267,8 +267,8 @@ class IterationOverhead:
                                      lambda k: grid.target_pass(rows, k) * level)
         drafted = self.draft_shapes.seconds(rows, 1, self.iterations,
                                             lambda k: step * draft_level)
-        return (g * ((step * self.draft_level.scale if drafted is None else drafted) - step)
-                + (planned * self.target_level.scale if target is None else target) - planned)
+        return (g * ((step * draft_level if drafted is None else drafted) - step)
+                + (planned * level if target is None else target) - planned)
 
     def predict(self, rows: int, g: int, optimistic: bool = False) -> float:
         """Seconds beyond the grid's passes: the passes' drift plus the engine's own time
@@ -389,8 +389,8 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
     the demands it was chosen from (rows left unread at cap 0).
 
     The choice without those rows drafting is the base (rate r₀). With the readers drafting
-    too the batch runs at r₁ ≥ r₀ and saves (1/r₀ − 1/r₁) · R seconds per token of each of
-    its R rows; the readings, during which the whole batch waits, pay when their sum is at
+    too the batch runs at r₁ and saves (1/r₀ − 1/r₁) · R seconds per token of each of its R
+    rows; the readings, during which the whole batch waits, pay when their sum is at
     most that saving over the shortest payback of the readers. Where they do not, the
     reader whose reading is dearest per payback token is dropped and the rest weighed
     again. A batch that would not draft the readers even so does not read for them."""
