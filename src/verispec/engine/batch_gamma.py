@@ -396,6 +396,7 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
     again. A batch that would not draft the readers even so does not read for them."""
     plain = [replace(d, floor=0, cap=0) if b in readings else d for b, d in enumerate(demands)]
     base = batch_choice(plain, costs, overhead)
+    base_seconds = 1.0 / batch_rate(plain, costs, max(base, default=0), overhead)  # 1 / r₀
     readers = dict(readings)
     while readers:
         trial = [d if b in readers or b not in readings else plain[b]
@@ -404,8 +405,7 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
         g = max(choice, default=0)
         if g == 0:
             break
-        saved = len(demands) * (1.0 / batch_rate(plain, costs, max(base, default=0), overhead)
-                                - 1.0 / batch_rate(trial, costs, g, overhead))
+        saved = len(demands) * (base_seconds - 1.0 / batch_rate(trial, costs, g, overhead))
         reading = sum(seconds for seconds, _ in readers.values())
         if reading <= saved * min(tokens for _, tokens in readers.values()):
             return choice, trial
