@@ -129,17 +129,23 @@ def test_int4_draft_keeps_the_int8_target_law(pair: tuple[NativeCausalLM, Native
     assert tv_distance(law, reference) < FLOAT32_ROUNDING
 
 
+@pytest.mark.parametrize("precision", ["int8", pytest.param("int4", marks=pytest.mark.skipif(
+    not int4_available(), reason="no CPU int4 kernel"))])
 @pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
 def test_vocabulary_subset_draft_keeps_the_int8_target_law(
-        pair: tuple[NativeCausalLM, NativeCausalLM], reference: Law, method: str) -> None:
+        pair: tuple[NativeCausalLM, NativeCausalLM], reference: Law, method: str,
+        precision: str) -> None:
     """A draft that scores only part of the vocabulary (its q is zero elsewhere, and is what
-    it samples from) leaves the law the target's, which keeps its whole vocabulary."""
-    draft = from_hf_module(make_tiny_model(seed=41), TinyTokenizer(), "draft-subset", "int8",
-                           vocabulary=20)
+    it samples from) leaves the law the target's, which keeps its whole vocabulary: a
+    static set of 16 ids (``vocabulary=4`` rounded up to the int4 kernel's multiple of 16)
+    and each row's context ids (the prompt's 17, then every id the row is fed)."""
+    draft = from_hf_module(make_tiny_model(seed=41), TinyTokenizer(), "draft-subset",
+                           precision, vocabulary=4)
     q = draft.spawn()
     q.add_rows([PROMPT])
-    logits = q.extend([[4]])[0, -1]  # [V]
-    assert torch.isinf(logits[20:]).all() and torch.isfinite(logits[:20]).all()
+    logits = q.extend([[40]])[0, -1]  # [V]
+    finite = set(range(16)) | {17, 40} | set(draft.eos_token_ids)
+    assert torch.isfinite(logits).nonzero().view(-1).tolist() == sorted(finite)
     law = engine_run_law(pair[0], draft, method, 2)
     assert tv_distance(law, reference) < FLOAT32_ROUNDING
 

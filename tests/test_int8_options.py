@@ -62,19 +62,34 @@ def test_two_codes_per_activation_are_exact_and_closer_to_float(module: Any,  # 
 @pytest.mark.parametrize("precision", ["float32", pytest.param("int8", marks=needs_int8)])
 def test_a_draft_can_score_a_vocabulary_subset(module: Any, tmp_path: Path,  # noqa: F811
                                                precision: str) -> None:
-    """``vocabulary=n``: the lm_head keeps ids < n and the end-of-text ids; the logits are
-    the full model's there and -inf elsewhere, so q is zero outside; the quantized subset
-    model has its own cache file and reloads bit for bit."""
+    """``vocabulary=n``: the lm_head keeps a static set (the end-of-text ids and the first
+    ids of the ranking, a multiple of 16 of them: the id order for a tokenizer without a
+    fast form) and each row's context ids (those of its prompt and of the tokens fed up to
+    each scored position). The logits are the full model's there and -inf elsewhere, so q
+    is zero outside; the quantized subset model has its own cache file and reloads bit for
+    bit."""
     full = native(module, precision)
     tok = TinyTokenizer()
     part = from_hf_module(module, tok, "subset", precision, vocabulary=20)
     assert part.vocabulary == 20 and part.spawn().vocabulary == 20
-    prefix, block = seq(7, 120), seq(3, 121)
+    static = set(range(32)) | set(part.eos_token_ids)
+    assert set(part.net.head.ids.tolist()) == static  # type: ignore[union-attr]
+    prefix, block = [3, 40, 7, 40, 9], [44, 5, 47, 44]  # ids ≥ 32 enter as context ids
     for m in (full, part):
         m.add_rows([prefix])
-    a, b = full.extend([block])[0], part.extend([block])[0]  # [3, V]
-    assert torch.isinf(b[:, 20:]).all() and (b[:, 20:] < 0).all()
-    close(b[:, :20], a[:, :20], 1e-6)
+    a, b = full.extend([block])[0], part.extend([block])[0]  # [4, V]
+    for j in range(len(block)):
+        scored = sorted(static | set(prefix) | set(block[: j + 1]))
+        assert torch.isfinite(b[j]).nonzero().view(-1).tolist() == scored
+        assert (b[j][torch.isinf(b[j])] < 0).all()
+        kept = sorted(static)
+        close(b[j, kept], a[j, kept], 1e-6)
+        # context ids come from float16 rows, not the int8 head: equal up to its rounding
+        close(b[j, scored], a[j, scored], 1e-6 if precision == "float32" else 0.05)
+    fresh = part.spawn()
+    fresh.add_rows([prefix])
+    singles = torch.cat([fresh.extend([[t]])[0] for t in block])  # [4, V], one at a time
+    assert torch.equal(torch.isinf(singles), torch.isinf(b))
     assert part.net.head.out_features == full.vocab_size  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="at least one id"):
         from_hf_module(module, tok, "none", precision, vocabulary=0)
@@ -83,7 +98,7 @@ def test_a_draft_can_score_a_vocabulary_subset(module: Any, tmp_path: Path,  # n
         module.save_pretrained(tmp_path)
         first = load_native(tmp_path, "int8", tokenizer=tok, vocabulary=20)
         files = list(cache_file(tmp_path, "int8", kernels.choose()[0]).parent.iterdir())
-        assert any("-v20-" in f.name for f in files)
+        assert any("-v32-" in f.name for f in files)
         again = load_native(tmp_path, "int8", tokenizer=tok, vocabulary=20)
         for m in (first, again):
             m.add_rows([prefix])
@@ -91,15 +106,69 @@ def test_a_draft_can_score_a_vocabulary_subset(module: Any, tmp_path: Path,  # n
         assert torch.equal(loaded, again.extend([block])[0]) and torch.equal(loaded, b)
 
 
+def test_context_ids_follow_each_row() -> None:
+    """A row scores the ids it was fed: forks copy them, dropped rows lose them, and one
+    row's ids never reach another's positions."""
+    from verispec.models.native.vocabulary import ContextIds
+
+    ctx = ContextIds(torch.arange(8))
+    ctx.add_rows([[1, 9], [2, 3]])
+    assert ctx.extend([[4], [5]], 1, torch.device("cpu")) is not None
+    ids, allowed = ctx.extend([[10, 1], [11]], 2, torch.device("cpu"))  # type: ignore[misc]
+    assert ids.tolist() == [9, 10, 11]
+    # row 0 scores 9 at both positions and 10 from its own token on; row 1's only scored
+    # position (filler first) sees 11, its own id
+    assert allowed.view(2, 2, 3).tolist() == [[[True, True, False], [True, True, False]],
+                                              [[False, False, True], [False, False, True]]]
+    ctx.select([1, 1])
+    assert ctx.rows == [{11}, {11}] and ctx.rows[0] is not ctx.rows[1]
+    ctx.reset()
+    ctx.add_rows([[1, 2]])
+    assert ctx.extend([[3]], 1, torch.device("cpu")) is None  # nothing outside the set
+
+
+def test_draft_vocabulary_ranking_counts_the_reference_text(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With a fast tokenizer the static set takes the ids most used in the reference text
+    (ties in id order), the ranking is kept in verispec's cache, and the set's size is a
+    multiple of 16 (the CPU int4 kernel's row packing)."""
+    from verispec.models.native import vocabulary
+
+    texts = {"a.py": "x y y z z z", "b.py": "z"}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(vocabulary, "reference_files",
+                        lambda: sorted(tmp_path.glob("*.py")))
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+
+    class Fast:
+        is_fast = True
+        calls = 0
+
+        def get_vocab(self) -> dict[str, int]:
+            return {"x": 40, "y": 50, "z": 60}
+
+        def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+            Fast.calls += 1
+            return {"input_ids": [self.get_vocab()[w] for w in text.split()]}
+
+    ranked = vocabulary.ranked_ids(Fast(), 64)
+    assert ranked[:4] == [60, 50, 40, 0] and sorted(ranked) == list(range(64))
+    assert vocabulary.ranked_ids(Fast(), 64) == ranked and Fast.calls == 2  # cached
+    ids = vocabulary.subset_ids(3, 64, frozenset({63}), Fast())
+    assert ids is not None and ids.tolist() == sorted({63, 60, 50, 40} | set(range(12)))
+    assert vocabulary.subset_ids(50, 64, frozenset(), Fast()) is None  # 64 ids: all
+
+
 def test_draft_vocabulary_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from verispec.models.loading import DRAFT_VOCABULARY_ENV, draft_vocabulary
 
     monkeypatch.delenv(DRAFT_VOCABULARY_ENV, raising=False)
-    assert draft_vocabulary() is None  # the whole vocabulary by default
+    assert draft_vocabulary() == 32768  # the default: a static set of 32768 ids
     monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "full")
     assert draft_vocabulary() is None
-    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "32768")
-    assert draft_vocabulary() == 32768
+    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "4096")
+    assert draft_vocabulary() == 4096
     for bad in ("0", "-3", "half"):
         monkeypatch.setenv(DRAFT_VOCABULARY_ENV, bad)
         with pytest.raises(ValueError, match=DRAFT_VOCABULARY_ENV):

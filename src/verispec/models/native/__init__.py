@@ -29,6 +29,7 @@ from verispec.models.native.linear import (
 from verispec.models.native.lm import NativeCausalLM
 from verispec.models.native.model import Transformer
 from verispec.models.native.retime import LibraryClock
+from verispec.models.native.vocabulary import subset_ids
 from verispec.models.native.weights import (
     CACHE_FILES,
     build_dense,
@@ -97,17 +98,6 @@ def _eos(generation: Any, tokenizer: Any, config: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def subset_ids(size: int | None, vocab: int, eos: frozenset[int]) -> Tensor | None:
-    """The ids a draft that scores ``size`` of the ``vocab`` ids keeps: ids below ``size``
-    (byte-level BPE vocabularies list their most frequent merges first) and the end-of-text
-    ids; None for the whole vocabulary."""
-    if size is None or size >= vocab:
-        return None
-    if size < 1:
-        raise ValueError(f"a vocabulary subset needs at least one id, got {size}")
-    return torch.tensor(sorted(set(range(size)) | {i for i in eos if i < vocab}))
-
-
 def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
                    precision: str = "float32", device: torch.device | str | None = None,
                    vocabulary: int | None = None, online_rotations: bool = True,
@@ -121,7 +111,7 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
     config = NativeConfig.from_hf(module.config)
     get = module_tensors(module)
     eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
-    ids = subset_ids(vocabulary, config.vocab_size, eos)
+    ids = subset_ids(vocabulary, config.vocab_size, eos, tokenizer)
     prefill = None
     blocks = _online_blocks(online_rotations)
     with torch.no_grad():
@@ -152,8 +142,9 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 ) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
 
-    ``vocabulary``: score only that many ids (:func:`subset_ids`): a draft's lm_head over
-    a subset, its q zero elsewhere.
+    ``vocabulary``: score only that many ids (:func:`subset_ids`) and each row's context
+    ids (:mod:`~verispec.models.native.vocabulary`): a draft's lm_head over a subset, its q
+    zero elsewhere.
 
     ``online_rotations`` (int8): rotate the inputs of ``o_proj`` and ``down_proj`` at run
     time (:func:`~verispec.models.native.weights.int8_state`), which brings the int8 model
@@ -180,7 +171,7 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     gen_file = path / "generation_config.json"
     generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
     eos = _eos(generation, tokenizer, config_dict)
-    ids = subset_ids(vocabulary, config.vocab_size, eos)
+    ids = subset_ids(vocabulary, config.vocab_size, eos, tokenizer, progress)
     t0 = time.perf_counter()
     prefill = None
     with torch.no_grad():

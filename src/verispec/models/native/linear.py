@@ -457,13 +457,16 @@ def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
 class SubsetHead:
     """An lm_head that scores a subset of the vocabulary: [M, H] -> [M, V] logits, -inf
     outside the subset (so a draft's q is exactly zero there, and is still the distribution
-    its tokens are drawn from). ``linear`` holds the rows ``ids`` [S] of the full head."""
+    its tokens are drawn from). ``linear`` holds the rows ``ids`` [S] of the full head;
+    ``rows`` [V, H], when given, all the head's rows (in the basis and with the norm that
+    ``linear`` was made from), which :meth:`score` reads for ids outside the subset."""
 
     def __init__(self, linear: DenseLinear | Int8Linear | Int4Linear, ids: Tensor,
-                 vocab: int) -> None:
+                 vocab: int, rows: Tensor | None = None) -> None:
         self.linear = linear
         self.ids = ids.to(torch.int64)  # [S] vocabulary ids, ascending
         self.vocab = vocab
+        self.rows = rows  # [V, H] or None
         self.out_features, self.in_features = vocab, linear.in_features
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -471,5 +474,22 @@ class SubsetHead:
         out = y.new_full((y.shape[0], self.vocab), float("-inf"))  # [M, V]
         return out.index_copy_(1, self.ids.to(y.device), y)
 
+    def score(self, x: Tensor, extra: tuple[Tensor, Tensor] | None) -> Tensor:
+        """[M, H] -> [M, V]: the subset as in ``__call__``, and the ``extra`` ids [U] where
+        ``allowed`` [M, U] says so (ids outside the subset, each scored by its own row of
+        ``rows`` after the head's norm)."""
+        out = self(x)  # [M, V]
+        if extra is None:
+            return out
+        if self.rows is None:
+            raise ValueError("this head keeps no rows outside its subset")
+        ids, allowed = extra
+        norm, eps = self.linear.norm, self.linear.eps
+        h = x if norm is None else F.rms_norm(x.to(norm.dtype), (self.in_features,), norm, eps)
+        w = self.rows.index_select(0, ids).to(h.dtype)  # [U, H]
+        y = (h @ w.T).to(out.dtype).masked_fill_(~allowed, float("-inf"))  # [M, U]
+        return out.index_copy_(1, ids, y)
+
     def state(self, prefix: str) -> dict[str, Tensor]:
-        return self.linear.state(prefix) | {f"{prefix}.ids": self.ids}  # type: ignore[union-attr]
+        rows = {} if self.rows is None else {f"{prefix}.rows": self.rows}
+        return self.linear.state(prefix) | {f"{prefix}.ids": self.ids} | rows  # type: ignore[union-attr]

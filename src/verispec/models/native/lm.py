@@ -36,7 +36,9 @@ import torch
 from torch import Tensor
 
 from verispec.models.base import CausalLM
+from verispec.models.native.linear import SubsetHead
 from verispec.models.native.model import Transformer
+from verispec.models.native.vocabulary import ContextIds
 from verispec.models.slots import SlotCache
 
 __all__ = ["NativeCausalLM"]
@@ -77,6 +79,12 @@ class NativeCausalLM(CausalLM):
         self.device = net.device
         self.precision = precision
         self.cache = SlotCache(self._new_cache)
+        # a draft over a vocabulary subset also scores each row's context ids, where every
+        # net that scores has the rows for them
+        heads = [n.head for n in (net, prefill_net) if n is not None]
+        self.context = (ContextIds(net.head.ids)  # type: ignore[union-attr]
+                        if all(isinstance(h, SubsetHead) and h.rows is not None for h in heads)
+                        else None)
         self.reset()
 
     @property
@@ -101,6 +109,8 @@ class NativeCausalLM(CausalLM):
     def reset(self) -> None:
         self.cache.reset()
         self._lengths: list[int] = []
+        if self.context is not None:
+            self.context.reset()
 
     def reserve(self, rows: int) -> None:
         self.cache.pool.reserve(rows)
@@ -132,10 +142,14 @@ class NativeCausalLM(CausalLM):
                 net.forward(ids, step, [t[s: s + 1] for t in cache.keys],
                             [t[s: s + 1] for t in cache.values], logits=False)
         self._lengths += [len(p) for p in prefixes]
+        if self.context is not None:
+            self.context.add_rows(prefixes)
 
     def _select_rows(self, indices: list[int]) -> None:
         self.cache.select(indices, self._lengths)
         self._lengths = [self._lengths[i] for i in indices]
+        if self.context is not None:
+            self.context.select(indices)
 
     def _rollback(self, lengths: list[int]) -> None:
         self._lengths = list(lengths)  # stale positions are masked, then overwritten
@@ -154,6 +168,9 @@ class NativeCausalLM(CausalLM):
         if self.prefill_net is not None and len(tokens) * k >= PREFILL_ROWS:
             net = self.prefill_net
         step = net.step(self._lengths, ks, num_logits, self.cache.slots)
-        logits = net.forward(ids, step, self.cache.keys, self.cache.values)  # [R n, V]
+        extra = (None if self.context is None
+                 else self.context.extend(tokens, num_logits, self.device))
+        logits = net.forward(ids, step, self.cache.keys, self.cache.values,
+                             extra=extra)  # [R n, V]
         self._lengths = [n + kb for n, kb in zip(self._lengths, ks, strict=True)]
         return logits.view(len(tokens), num_logits, -1)  # [R, n, V]

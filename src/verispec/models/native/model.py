@@ -149,20 +149,23 @@ class Transformer:
         return Step(cos_t, sin_t, start, positions, span, mask, pick, layout)
 
     def forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
-                logits: bool = True) -> Tensor | None:
+                logits: bool = True, extra: tuple[Tensor, Tensor] | None = None,
+                ) -> Tensor | None:
         """ids [R, k] -> logits [R n, V] for ``step.pick`` (all R k when None), or None.
 
         ``keys`` / ``values``: the cache, one [P, Hkv, L, D] tensor each per layer; the new
-        keys/values are written in place at the step's slots and positions.
+        keys/values are written in place at the step's slots and positions. ``extra``: ids
+        [U] and allowed [R n, U] that a subset head scores besides its subset
+        (:meth:`~verispec.models.native.linear.SubsetHead.score`).
         """
         if self.libraries is None:
-            return self._forward(ids, step, keys, values, logits)
+            return self._forward(ids, step, keys, values, logits, extra)
         scored = 0 if not logits else ids.numel() if step.pick is None else step.pick.numel()
         return self.libraries.run(ids.numel(), scored,
-                                  lambda: self._forward(ids, step, keys, values, logits))
+                                  lambda: self._forward(ids, step, keys, values, logits, extra))
 
     def _forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
-                 logits: bool) -> Tensor | None:
+                 logits: bool, extra: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         rows, k = ids.shape
         x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
         for block, cache_k, cache_v in zip(self.blocks, keys, values, strict=True):
@@ -171,6 +174,8 @@ class Transformer:
             return None
         if step.pick is not None:
             x = x.index_select(0, step.pick)  # [R n, H]
+        if extra is not None:
+            return self.head.score(x, extra)  # type: ignore[union-attr]  # [R n, V]
         return self.head(x)  # [R n, V]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -172,17 +172,29 @@ def build_dense(c: NativeConfig, get: Getter, dtype: torch.dtype, device: torch.
     embed, head, norm = _embed_and_head(c, get)
     tied = head is embed
     embed = put(embed)  # type: ignore[assignment]
-    head_w = embed if tied else put(head)
+    rows = embed if tied else put(head)  # [V, H]
+    head_w = rows
     if vocabulary is not None:
         head_w = head_w[vocabulary.to(head_w.device)].contiguous()  # type: ignore[index]
     head_lin = DenseLinear(head_w, None, put(norm), c.norm_eps)  # type: ignore[arg-type]
-    return Transformer(c, embed, blocks, _subset(head_lin, vocabulary, c), dtype=dtype,
+    return Transformer(c, embed, blocks, _subset(head_lin, vocabulary, c, rows), dtype=dtype,
                        device=device)
 
 
-def _subset(head: Any, vocabulary: Tensor | None, c: NativeConfig) -> Any:
-    """``head`` as is, or as a :class:`SubsetHead` over the ids ``vocabulary``."""
-    return head if vocabulary is None else SubsetHead(head, vocabulary, c.vocab_size)
+def _subset(head: Any, vocabulary: Tensor | None, c: NativeConfig,
+            rows: Tensor | None = None) -> Any:
+    """``head`` as is, or as a :class:`SubsetHead` over the ids ``vocabulary`` that scores
+    context ids from ``rows`` [V, H] (all the head's rows; None: it scores none)."""
+    return head if vocabulary is None else SubsetHead(head, vocabulary, c.vocab_size, rows)
+
+
+def _subset_rows(state: dict[str, Tensor], c: NativeConfig) -> Tensor | None:
+    """The head's rows [V, H] a subset head scores context ids from: its own ``head.rows``,
+    the embedding where the head is the embedding (tied, no folding), or None (a cache
+    made without them)."""
+    if "head.ids" not in state:
+        return None
+    return state.get("head.rows", state["embed"] if "head.tied" in state else None)
 
 
 def int4_state(c: NativeConfig, get: Getter, vocabulary: Tensor | None = None,
@@ -197,6 +209,10 @@ def int4_state(c: NativeConfig, get: Getter, vocabulary: Tensor | None = None,
                                              t.get(f"{n}.norm"), c.norm_eps).state(f"layers.{i}.{n}"))
     embed, head, norm = _embed_and_head(c, get)
     if vocabulary is not None:
+        if head is embed:  # the rows of context ids are the embedding's
+            state["head.tied"] = torch.ones(1, dtype=torch.uint8)
+        else:
+            state["head.rows"] = head.to(torch.float16).contiguous()
         head, state["head.ids"] = head[vocabulary], vocabulary
     state.update(Int4Linear.quantize(head, None, norm, c.norm_eps).state("head"))
     state["embed"] = embed.to(torch.float16).contiguous()
@@ -207,7 +223,8 @@ def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
     """The CPU int4 model from :func:`int4_state`'s tensors."""
     blocks = [Block(*[Int4Linear.from_state(state, f"layers.{i}.{n}", c.norm_eps)
                       for n in LAYER_LINEARS]) for i in range(c.layers)]
-    head = _subset(Int4Linear.from_state(state, "head", c.norm_eps), state.get("head.ids"), c)
+    head = _subset(Int4Linear.from_state(state, "head", c.norm_eps), state.get("head.ids"), c,
+                   _subset_rows(state, c))
     return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
                        device=torch.device("cpu"))
 
@@ -347,7 +364,8 @@ def int8_state(c: NativeConfig, get: Getter, progress: Callable[[str], None] | N
                 online.get(n))
         if progress and (i + 1) % 8 == 0:
             progress(f"quantized {i + 1}/{c.layers} layers")
-    if vocabulary is not None:
+    if vocabulary is not None:  # the rows of context ids, as the head reads them
+        state["head.rows"] = head.to(torch.float16).contiguous()
         head, state["head.ids"] = head[vocabulary], vocabulary
     add("head", head, None, final_norm)
     state["embed"] = embed.to(torch.float16).contiguous()
@@ -363,7 +381,8 @@ def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | N
     for i in range(c.layers):
         blocks.append(Block(*[Int8Linear.from_state(state, f"layers.{i}.{name}", eps, kernel)
                               for name in LAYER_LINEARS]))
-    head = _subset(Int8Linear.from_state(state, "head", eps, kernel), state.get("head.ids"), c)
+    head = _subset(Int8Linear.from_state(state, "head", eps, kernel), state.get("head.ids"), c,
+                   _subset_rows(state, c))
     return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
                        device=torch.device("cpu"), attention_dtype=torch.float64)
 
