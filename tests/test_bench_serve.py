@@ -78,6 +78,29 @@ def test_bench_serve_reports_every_config_and_the_gamma_it_chose(tmp_path: Path)
     assert report["machine"]
 
 
+def test_bench_serve_fixed_length_mode_decodes_every_budget(tmp_path: Path) -> None:
+    """``--ignore-eos``: every request carries the ignore_eos extension and decodes exactly
+    ``--max-tokens`` tokens, so sides compare equal output lengths."""
+    suite = tmp_path / "toy.jsonl"
+    suite.write_text("".join(json.dumps({"id": f"p{i}", "prompt": text}) + "\n"
+                             for i, text in enumerate(["ABCA", "BBAC"])))
+    out = tmp_path / "serve.json"
+    handle = _server()
+    try:
+        code = serve.main(["--url", handle.url, "--methods", "ar,block", "--gamma", "2",
+                           "--concurrency", "2", "--temperatures", "1", "--suite", str(suite),
+                           "--num-prompts", "2", "--max-tokens", "30", "--ignore-eos",
+                           "--no-warmup", "--out", str(out)])
+    finally:
+        assert handle.stop(deadline_s=2.0, timeout_s=60)
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["ignore_eos"] is True
+    cells = report["cells"]
+    assert len(cells) == 2 and all(c["errors"] == 0 for c in cells)
+    assert all(s["tokens"] == 30 for c in cells for s in c["samples"])
+
+
 def _cell(label: str, gamma: str | None, repeat: int, tok_s: float) -> SimpleNamespace:
     return SimpleNamespace(label=label, gamma=gamma, temperature=0.0, concurrency=4,
                            repeat=repeat, throughput_tok_s=tok_s, tpot_p50_s=1.0 / tok_s,

@@ -195,6 +195,29 @@ def test_completion_equals_offline_generate(method: str, temperature: float) -> 
     assert ext["accepted_tokens"] >= 0 and (method != "ar" or ext["accepted_tokens"] == 0)
 
 
+def test_ignore_eos_decodes_the_whole_budget() -> None:
+    """The ``ignore_eos`` extension (as vLLM's): an end-of-text token does not end the
+    request, which decodes exactly its budget, the tokens of offline ``generate`` with
+    ``ignore_eos``; without it the same seed stops at the EOS."""
+    budget, spec = 40, {"method": "block", "gamma": 3}
+    seed = next(s for s in range(50) if EOS in verispec.generate(
+        *toy_pair(), "ABCA", method="block", gamma=3, seed=s, max_new_tokens=budget,
+        ignore_eos=True).tokens[:-1])
+    want = verispec.generate(*toy_pair(), "ABCA", method="block", gamma=3, seed=seed,
+                             max_new_tokens=budget, ignore_eos=True)
+    with live(*toy_pair()) as h:
+        c = client(h)
+        stopped = c.completions.create(model=MODEL, prompt="ABCA", max_tokens=budget, seed=seed,
+                                       extra_body={"speculative": spec})
+        full = c.completions.create(model=MODEL, prompt="ABCA", max_tokens=budget, seed=seed,
+                                    extra_body={"speculative": spec, "ignore_eos": True})
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.usage.completion_tokens == want.tokens.index(EOS) + 1
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == budget == len(want.tokens)
+    assert full.model_extra["speculative"]["target_calls"] > 0
+
+
 def test_streamed_completion_and_chat_equal_offline_and_end_with_done() -> None:
     with live(*toy_pair(), method="token", gamma=2) as h:
         c = client(h)

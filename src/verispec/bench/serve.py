@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=16,
                    help="the first N prompts of each category (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64, help="budget per request")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every request decodes exactly its budget (the ignore_eos extension "
+                        "of verispec and vLLM): sides compare equal output lengths")
     p.add_argument("--temperatures", type=_floats, default=[0.0],
                    help="comma-separated temperatures (default 0 = greedy)")
     p.add_argument("--gamma", type=_gammas, default=None,
@@ -308,10 +311,13 @@ async def _one(client: Any, model: str, job: Job, seed: int, config: Config,
     sample = Sample(job.id)
     common: dict[str, Any] = {"model": model, "max_tokens": args.max_tokens,
                               "temperature": temperature, "seed": seed, "stream": True}
-    if args.peer:  # a peer gets no extension; usage comes in a chunk of its own
+    extra: dict[str, Any] = {"ignore_eos": True} if args.ignore_eos else {}
+    if args.peer:  # a peer gets no speculative extension; usage comes in a chunk of its own
         common["stream_options"] = {"include_usage": True}
     else:
-        common["extra_body"] = _extension(config)
+        extra |= _extension(config)
+    if extra:
+        common["extra_body"] = extra
     start = time.perf_counter()
     first = last = None
     try:

@@ -53,12 +53,14 @@ CODES = {"method": "invalid_method"}
 
 @dataclass
 class Plan:
-    """A planned request and what it decodes: its prompt, budget and seed."""
+    """A planned request and what it decodes: its prompt, budget and seed; ``ignore_eos``:
+    an end-of-text token does not end it (it decodes its whole budget)."""
 
     request: RequestPlan
     prompt_ids: list[int]
     max_tokens: int
     seed: int
+    ignore_eos: bool = False
 
 
 class Planner:
@@ -88,7 +90,7 @@ class Planner:
         ids = self._prompt_ids(gen)
         budget = self._budget(ids, gen.max_tokens, gen.messages is not None, request.needs_draft)
         seed = gen.seed if gen.seed is not None else secrets.randbits(SEED_BITS)
-        return Plan(request, ids, budget, seed)
+        return Plan(request, ids, budget, seed, gen.ignore_eos)
 
     def _plan(self, config: RequestConfig, option: str | None) -> RequestPlan:
         """Plan through :func:`verispec.plan.plan_request`; a 400 naming the request field
@@ -179,7 +181,8 @@ class Planner:
         policy = gamma_policy(request, self.target, draft, drafter, self.config.max_batch)
         random = Randomness(torch.Generator(device=self.target.device).manual_seed(plan.seed))
         return Request(list(plan.prompt_ids), request.engine_method, request.sampling,
-                       plan.max_tokens, random, policy, drafter, on_tokens)
+                       plan.max_tokens, random, policy, drafter, on_tokens,
+                       ignore_eos=plan.ignore_eos)
 
     def _drafter(self, plan: RequestPlan) -> Drafter | None:
         """One drafter per kind, shared by every request of that kind: one cache in the

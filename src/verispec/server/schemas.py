@@ -61,6 +61,7 @@ class _Common(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=1)  # an extension (as vLLM)
+    ignore_eos: bool | None = None  # an extension (as vLLM): decode to the budget
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
     stop: Any = None
     stream: bool | None = None
@@ -171,6 +172,7 @@ class Generation:
     stream: bool
     include_usage: bool
     speculative: Speculative = field(default_factory=Speculative)
+    ignore_eos: bool = False
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -237,7 +239,8 @@ def _generation(body: _Common, prompt: str | list[int] | None,
         model=body.model, prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature, top_p=body.top_p,
         top_k=body.top_k, seed=body.seed, stop=body.stop or [], stream=stream,
-        include_usage=include, speculative=body.speculative or Speculative())
+        include_usage=include, speculative=body.speculative or Speculative(),
+        ignore_eos=bool(body.ignore_eos))
 
 
 def parse_completion(raw: dict[str, Any]) -> Generation:

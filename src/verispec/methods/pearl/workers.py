@@ -90,8 +90,10 @@ def materialise(payload: Any) -> CausalLM:
     if isinstance(payload, NativePayload):
         from verispec.models.native import load_native
 
+        # a vocabulary subset is ranked with the tokenizer (the coordinator's ids)
         return load_native(payload.path, payload.precision, name=payload.name,
-                           load_tokenizer=False, vocabulary=payload.vocabulary,
+                           load_tokenizer=payload.vocabulary is not None,
+                           vocabulary=payload.vocabulary,
                            online_rotations=payload.online_rotations)
     if isinstance(payload, HFPayload):
         from verispec.models.hf import HFCausalLM
