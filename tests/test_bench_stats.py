@@ -397,6 +397,47 @@ def test_law_check_is_labelled_as_a_one_sample_calibration_check():
             "NLL − entropy, KS of randomized PIT)") in md
 
 
+def test_bench_help_names_the_one_sample_check_and_the_two_sample_test():
+    from verispec.bench.options import BENCH_EPILOG
+
+    text = " ".join(BENCH_EPILOG.split())
+    assert "one-sample calibration check" in text and "KS of randomized PITs" in text
+    assert "two-sample test of the first tokens' law is `python -m verispec.bench.lawtest`" in text
+    assert "checked against the target's law" not in text
+
+
+def test_summary_shows_the_llamacpp_provenance_whole_and_nothing_without_it():
+    """meta["llamacpp"] (:func:`verispec.bench.sides.llamacpp_meta`) and torch's threads give
+    a "Peer provenance" block, one line per item, long values whole; a meta without the key
+    (older results) gives no block."""
+    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DCMAKE_C_FLAGS=-mno-amx-int8"]
+    system = " | ".join(f"FLAG{i} = 1" for i in range(40))  # long: must not be cut
+    meta = {"torch_threads": 3, "llamacpp": {
+        "llama_cpp_python": "0.3.36", "system_info": system,
+        "cmake_flags": "unknown (pip build)",
+        "installed_build": {"GGML_NATIVE": "ON", "GGML_BLAS": "OFF"}, "threads": 2,
+        "speculative_build": {"cmake_flags": flags, "cmake_cache": {"GGML_OPENMP": "ON"}},
+        "speculative_system_info": None, "speculative_threads_logged": [2]}}
+    rows = [row("ar", p, 0, 3, 1.0) for p in range(2)]
+    lines = render_markdown(build_summary(meta, rows)).splitlines()
+    block = lines[lines.index("Peer provenance:") + 2:lines.index("Notes:") - 1]
+    assert block == [
+        "- llama.cpp (llama-cpp-python): 0.3.36",
+        ("- llama.cpp build options: CMake flags unknown (pip build); installed CMake files "
+         "record GGML_NATIVE=ON, GGML_BLAS=OFF"),
+        ("- llama-speculative-simple build flags: " + " ".join(flags)
+         + "; CMake cache GGML_OPENMP=ON"),
+        f"- llama.cpp system_info: {system}",
+        "- threads: llama.cpp 2 (llama-speculative-simple logged 2); torch 3"]
+    # without llamacpp-spec: no speculative lines; without the key: no block at all
+    del meta["llamacpp"]["speculative_build"], meta["llamacpp"]["speculative_threads_logged"]
+    md = render_markdown(build_summary(meta, rows))
+    assert "Peer provenance:" in md and "llama-speculative-simple" not in md
+    assert "- threads: llama.cpp 2; torch 3" in md
+    md = render_markdown(build_summary({"torch_threads": 3}, rows))
+    assert "Peer provenance" not in md and "llama.cpp" not in md and "torch 3" not in md
+
+
 def test_gamma_auto_is_paired_with_every_fixed_gamma_and_the_best_is_marked():
     """γ auto / fixed γ per prompt (repeats averaged in logs first), the fastest fixed γ
     marked, rendered in the report; a method without γ auto gets no entry."""

@@ -46,8 +46,9 @@ original Q4_K_M target GGUF) and llamacpp-spec (llama.cpp's own speculative deco
 GGUF pair, llamacpp-spec[p_min=P] for its --spec-draft-p-min); the llama.cpp peers need
 the extra `peers`, installed from a verispec checkout with
   {install}
-At T > 0 every method's and peer's output is checked against the target's law (summary.md
-flags those that depart from it).
+At T > 0 summary.md gives each method's and peer's one-sample calibration check of its tokens
+under the target's law (Z of NLL − entropy, KS of randomized PITs) and flags departures; the
+two-sample test of the first tokens' law is `python -m verispec.bench.lawtest`.
 
 Output in --out: results.jsonl (one line per prompt x config x repeat, appended as it runs:
 rerun the same command to resume), summary.md, summary.json (list "rows"), PNG plots.

@@ -283,7 +283,46 @@ def _meta_lines(meta: dict[str, Any], rows: list[Row]) -> list[str]:
         lines.append(f"- regenerated from `{meta['results_file']}` by "
                      "`python -m verispec.bench.report`")
     lines.append(f"- energy: {'; '.join(sorted({r['energy_source'] for r in rows}))}")
+    lines += _peer_provenance(meta)
     return lines + ["", "Notes:", ""] + [f"- {n}" for n in ESTIMATOR_NOTES] + [""]
+
+
+def _recorded(value: Any) -> str:
+    """A provenance value whole, in words: ``k=v`` pairs, space-separated flags."""
+    if value is None or value == "" or value == [] or value == {}:
+        return "not recorded"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def _peer_provenance(meta: dict[str, Any]) -> list[str]:
+    """The llama.cpp peers' provenance from ``meta["llamacpp"]`` (:func:`.sides.llamacpp_meta`),
+    one line per item, values whole; nothing for a meta without it (runs without those peers,
+    older results)."""
+    info = meta.get("llamacpp")
+    if not isinstance(info, dict):
+        return []
+    lines = ["", "Peer provenance:", "",
+             f"- llama.cpp (llama-cpp-python): {_recorded(info.get('llama_cpp_python'))}",
+             (f"- llama.cpp build options: CMake flags {_recorded(info.get('cmake_flags'))}; "
+              f"installed CMake files record {_recorded(info.get('installed_build'))}")]
+    if "speculative_build" in info:
+        build = info["speculative_build"] or {}
+        lines.append("- llama-speculative-simple build flags: "
+                     f"{_recorded(build.get('cmake_flags'))}"
+                     + (f"; CMake cache {_recorded(build['cmake_cache'])}"
+                        if build.get("cmake_cache") else ""))
+    lines.append(f"- llama.cpp system_info: {_recorded(info.get('system_info'))}")
+    logged = ""
+    if "speculative_threads_logged" in info:
+        spec = _recorded(info["speculative_threads_logged"])
+        logged = f" (llama-speculative-simple logged {spec})"
+    lines.append(f"- threads: llama.cpp {_recorded(info.get('threads'))}{logged}; torch "
+                 f"{_recorded(meta.get('torch_threads'))}")
+    return lines
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
