@@ -1,48 +1,94 @@
 """Step costs of every runtime of the embedded pair: one forward pass of k tokens after a
 200-token context (median of 7), native int8, int4 (the draft; its int8 form runs passes
-over 4 or more tokens) and float32 and llama.cpp's Q4_K_M GGUF, as a Markdown table.
+over 4 or more tokens) and float32 and llama.cpp's Q4_K_M GGUF, as a Markdown table. The
+draft's native rows are measured as drafts load by default (a vocabulary subset of
+:data:`~verispec.models.loading.DRAFT_VOCABULARY` ids) and, for int8 and int4, also with
+the whole vocabulary.
 
-    python benchmarks/step_costs.py        # needs the peers extra for the llama.cpp rows
+    python benchmarks/step_costs.py [--out costs.json]   # llama.cpp rows need the peers extra
+    python benchmarks/step_costs.py --table costs.json    # the table again, from the file
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from verispec.bench.llamacpp import forward_ms, llamacpp_available
+from verispec.bench.measure import machine_description
 from verispec.models.fetch import model_path
+from verispec.models.loading import draft_vocabulary
 from verispec.models.native import load_native
 from verispec.models.timing import pass_costs
 
 KS = (1, 2, 4, 9)
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-PRECISIONS = {PAIR[0]: ("int8", "float32"), PAIR[1]: ("int8", "int4", "float32")}
+#: (precision, scored ids) per model: None scores the whole vocabulary, "draft" as drafts load
+RUNS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    PAIR[0]: (("int8", None), ("float32", None)),
+    PAIR[1]: (("int8", "draft"), ("int8", None), ("int4", "draft"), ("int4", None),
+              ("float32", None)),
+}
 
 
-def _row(name: str, label: str, ms: dict[int, float]) -> str:
+def _row(row: dict[str, Any]) -> str:
+    ms = {int(k): v for k, v in row["ms"].items()}
     cells = " | ".join(f"{ms[k]:.1f}" for k in KS)
-    return f"| {name} | {label} | {cells} | {ms[9] / ms[1]:.2f} |"
+    return f"| {row['model']} | {row['runtime']} | {cells} | {ms[9] / ms[1]:.2f} |"
 
 
-def main() -> None:
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["| model | runtime | " + " | ".join(f"k = {k}" for k in KS) + " (ms) | V(9) |",
+            "|---|---|" + "---|" * (len(KS) + 1)]
+    return "\n".join(head + [_row(r) for r in rows])
+
+
+def _native(name: str, precision: str, scored: str | None) -> dict[str, Any]:
+    vocabulary = draft_vocabulary() if scored == "draft" else None
+    model = load_native(model_path(name, "hf"), precision, vocabulary=vocabulary,
+                        online_rotations=name != PAIR[1])  # as drafts load
+    costs = pass_costs(model, context=200, ks=KS, reps=7)
+    label = f"native {precision}" + (f", {vocabulary} ids + context ids" if vocabulary else "")
+    return {"model": name, "runtime": label, "ms": {k: v * 1e3 for k, v in costs.items()}}
+
+
+def measure() -> list[dict[str, Any]]:
     torch.set_num_threads(2)
-    print("| model | runtime | " + " | ".join(f"k = {k}" for k in KS) + " (ms) | V(9) |")
-    print("|---|---|" + "---|" * (len(KS) + 1))
+    rows = []
+    print(table([]), flush=True)
     for name in PAIR:
-        for precision in PRECISIONS[name]:
-            model = load_native(model_path(name, "hf"), precision,
-                                online_rotations=name != PAIR[1])  # as drafts load
-            costs = pass_costs(model, context=200, ks=KS, reps=7)
-            print(_row(name, f"native {precision}", {k: v * 1e3 for k, v in costs.items()}),
-                  flush=True)
-            del model
+        for precision, scored in RUNS[name]:
+            rows.append(_native(name, precision, scored))
+            print(_row(rows[-1]), flush=True)
         if llamacpp_available() is None:
             gguf = model_path(name, "gguf")
             ms = {k: statistics.median(forward_ms(gguf, context=200, batch=k, repeats=7))
                   for k in KS}
-            print(_row(name, "llama.cpp Q4_K_M", ms), flush=True)
+            rows.append({"model": name, "runtime": "llama.cpp Q4_K_M", "ms": ms})
+            print(_row(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the measured rows and the machine to this JSON file")
+    ap.add_argument("--table", help="print the table of a JSON file written by --out")
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())["rows"]))
+        return
+    rows = measure()
+    if args.out:
+        record = {"command": "python benchmarks/step_costs.py " + " ".join(sys.argv[1:]),
+                  "machine": machine_description(), "context": 200, "repeats": 7,
+                  "rows": rows}
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
