@@ -1,6 +1,7 @@
 """Draft formats side by side in one run: the int8 draft as verispec loads it (no run-time
-rotations), the int8 draft with the target's run-time rotations, and the weight-only int4
-draft.
+rotations, a vocabulary subset and each row's context ids), the int8 draft with the target's
+run-time rotations, the weight-only int4 draft, and the int8 and int4 drafts over the whole
+vocabulary (``int8-full``, ``int4-full``).
 
 The target is the int8 model in every case (so ``ar`` and the output law are unchanged);
 only the draft differs. Per prompt and temperature the drafts run one after the other (the
@@ -12,19 +13,24 @@ format (geometric mean over prompts with a 95% Student-t interval over prompts,
 ``paired.py``) and tokens per target call.
 
     python benchmarks/draft_formats.py [--formats int8,int8-rotated,int4] [--num-prompts 10]
+        [--out FILE]   # the figures and every prompt's speeds as JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 from paired import format_interval
 
 from verispec.api import generate
+from verispec.bench.measure import machine_description
 from verispec.bench.suites import encode, load_suite
 from verispec.models.base import CausalLM
 from verispec.models.fetch import model_path
@@ -38,6 +44,8 @@ LOADERS: dict[str, Callable[[], CausalLM]] = {
     "int8": lambda: load_model(PAIR[1], precision="int8", role="draft"),
     "int8-rotated": lambda: load_native(model_path(PAIR[1], "hf"), "int8"),
     "int4": lambda: load_model(PAIR[1], precision="int4", role="draft"),
+    "int8-full": lambda: load_native(model_path(PAIR[1], "hf"), "int8", online_rotations=False),
+    "int4-full": lambda: load_native(model_path(PAIR[1], "hf"), "int4", online_rotations=False),
 }
 KS = (1, 2, 4)
 READ = 200  # prompt tokens read to time prompt reading
@@ -62,6 +70,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--gamma", default="auto", help="block's draft length: auto or a number")
+    p.add_argument("--out", help="write the figures and every prompt's speeds as JSON")
     args = p.parse_args()
     formats = args.formats.split(",")
     unknown = sorted(set(formats) - set(LOADERS))
@@ -71,11 +80,15 @@ def main() -> None:
     target = load_model(PAIR[0], precision="int8")
     drafts = {f: LOADERS[f]() for f in formats}
     costs = interleaved_costs([(d, KS) for d in drafts.values()], context=200, reps=7)
+    record: dict[str, Any] = {"machine": machine_description(), "args": vars(args),
+                              "steps_ms": {}, "reading_ms": {}, "runs": []}
     print("| draft | " + " | ".join(f"k = {k} (ms)" for k in KS)
           + " | prompt reading (ms/token) |\n|---|" + "---|" * (len(KS) + 1))
     for (f, d), ms in zip(drafts.items(), costs, strict=True):
+        record["steps_ms"][f] = {k: ms[k] * 1e3 for k in KS}
+        record["reading_ms"][f] = _reading_ms(d)
         cells = " | ".join(f"{ms[k] * 1e3:.1f}" for k in KS)
-        print(f"| {f} | {cells} | {_reading_ms(d):.2f} |", flush=True)
+        print(f"| {f} | {cells} | {record['reading_ms'][f]:.2f} |", flush=True)
     prompts = load_suite("humaneval", args.num_prompts)
     first = formats[0]
     print("\n| T | draft | tok/s (median) | × " + first + " (paired, 95% interval) "
@@ -94,12 +107,18 @@ def main() -> None:
                 speed[f].append(len(r.tokens) / (time.perf_counter() - start))
                 made[f] += len(r.tokens)
                 calls[f] += r.stats.target_calls
+                record["runs"].append({"temperature": temperature, "prompt": prompt.id,
+                                       "draft": f, "tok_s": speed[f][-1],
+                                       "tokens": len(r.tokens),
+                                       "target_calls": r.stats.target_calls})
         for f in formats:
             ratio = "–" if f == first else format_interval(
                 [(str(i), b / a) for i, (a, b) in enumerate(zip(speed[first], speed[f],
                                                                 strict=True))])
             print(f"| {temperature:g} | {f} | {statistics.median(speed[f]):.2f} | {ratio} | "
                   f"{made[f] / calls[f]:.2f} |", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ ROLES = ("target", "draft")
 #: samples from, so every lossless verifier stays lossless (the target keeps its whole
 #: vocabulary). On the embedded pair (int4 0.5B draft, greedy outputs of the int8 target on
 #: 20 HumanEval prompts), the whole-vocabulary draft's greedy guess is the target's token at
-#: 1,901 of 2,001 positions; 32768 ids keep 1,861 of them alone and 1,893 with the context
-#: ids, and the int4 head costs 2.0 ms instead of 8.6 ms (2-vCPU Intel Xeon with AMX).
+#: 1,882 of 1,983 positions; 32768 ids keep 1,850 of them alone and 1,874 with the context
+#: ids, and the int4 draft steps in 22.4 ms instead of 24.6 ms (2-vCPU Intel Xeon with AMX;
+#: ``benchmarks/draft_vocabulary.py``, ``benchmarks/step_costs.py``).
 DRAFT_VOCABULARY_ENV = "VERISPEC_DRAFT_VOCABULARY"
 DRAFT_VOCABULARY = "32768"
 

@@ -183,12 +183,14 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
         if precision == "int4" and int8_available():  # prompts are read faster in int8
             prefill = _quantized_net(path, config, "int8", cache, say, progress, ids,
                                      online_rotations)
-    scored = "" if ids is None else f", scoring {ids.numel()} of {config.vocab_size} ids"
+    model = NativeCausalLM(net, tokenizer, name or path.name, eos_token_ids=eos,
+                           precision=precision, source=str(path), prefill_net=prefill,
+                           vocabulary=None if ids is None else vocabulary,
+                           online_rotations=online_rotations)
+    scored = "" if ids is None else f", scoring {ids.numel()} of {config.vocab_size} ids" + (
+        " and each row's context ids" if model.context is not None else "")
     say(f"loaded {path.name} ({precision}{scored}) in {time.perf_counter() - t0:.1f} s")
-    return NativeCausalLM(net, tokenizer, name or path.name, eos_token_ids=eos,
-                          precision=precision, source=str(path), prefill_net=prefill,
-                          vocabulary=None if ids is None else vocabulary,
-                          online_rotations=online_rotations)
+    return model
 
 
 def _quantized_net(path: Path, config: NativeConfig, precision: str, cache: bool,

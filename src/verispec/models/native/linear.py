@@ -469,10 +469,16 @@ class SubsetHead:
         self.rows = rows  # [V, H] or None
         self.out_features, self.in_features = vocab, linear.in_features
 
+    def _ids(self, device: torch.device) -> Tensor:
+        """``ids`` on ``device`` (copied there once)."""
+        if self.ids.device != device:
+            self.ids = self.ids.to(device)
+        return self.ids
+
     def __call__(self, x: Tensor) -> Tensor:
         y = self.linear(x)  # [M, S]
         out = y.new_full((y.shape[0], self.vocab), float("-inf"))  # [M, V]
-        return out.index_copy_(1, self.ids.to(y.device), y)
+        return out.index_copy_(1, self._ids(y.device), y)
 
     def score(self, x: Tensor, extra: tuple[Tensor, Tensor] | None) -> Tensor:
         """[M, H] -> [M, V]: the subset as in ``__call__``, and the ``extra`` ids [U] where
@@ -492,4 +498,5 @@ class SubsetHead:
 
     def state(self, prefix: str) -> dict[str, Tensor]:
         rows = {} if self.rows is None else {f"{prefix}.rows": self.rows}
-        return self.linear.state(prefix) | {f"{prefix}.ids": self.ids} | rows  # type: ignore[union-attr]
+        ids = {f"{prefix}.ids": self.ids.cpu()}
+        return self.linear.state(prefix) | ids | rows  # type: ignore[union-attr]
