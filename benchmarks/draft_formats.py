@@ -1,7 +1,7 @@
 """Draft formats side by side in one run: the int8 draft as verispec loads it (no run-time
-rotations, a vocabulary subset and each row's context ids), the int8 draft with the target's
-run-time rotations, the weight-only int4 draft, and the int8 and int4 drafts over the whole
-vocabulary (``int8-full``, ``int4-full``).
+rotations), the int8 draft with the target's run-time rotations, the weight-only int4
+draft, and the int8 and int4 drafts over a vocabulary subset (``int8-subset``,
+``int4-subset``: SUBSET ids and each row's context ids, as ``VERISPEC_DRAFT_VOCABULARY``).
 
 The target is the int8 model in every case (so ``ar`` and the output law are unchanged);
 only the draft differs. Per prompt and temperature the drafts run one after the other (the
@@ -39,13 +39,16 @@ from verispec.models.native import load_native
 from verispec.models.timing import interleaved_costs
 
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+SUBSET = 32768  # static ids of the subset formats
 #: format -> how the draft is loaded
 LOADERS: dict[str, Callable[[], CausalLM]] = {
     "int8": lambda: load_model(PAIR[1], precision="int8", role="draft"),
     "int8-rotated": lambda: load_native(model_path(PAIR[1], "hf"), "int8"),
     "int4": lambda: load_model(PAIR[1], precision="int4", role="draft"),
-    "int8-full": lambda: load_native(model_path(PAIR[1], "hf"), "int8", online_rotations=False),
-    "int4-full": lambda: load_native(model_path(PAIR[1], "hf"), "int4", online_rotations=False),
+    "int8-subset": lambda: load_native(model_path(PAIR[1], "hf"), "int8", vocabulary=SUBSET,
+                                       online_rotations=False),
+    "int4-subset": lambda: load_native(model_path(PAIR[1], "hf"), "int4", vocabulary=SUBSET,
+                                       online_rotations=False),
 }
 KS = (1, 2, 4)
 READ = 200  # prompt tokens read to time prompt reading

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gamma_replay import greedy_outputs
 
 from verispec.api import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.bench.measure import machine_description
@@ -27,16 +28,6 @@ from verispec.bench.suites import encode, load_suite
 from verispec.models.fetch import model_path
 from verispec.models.native import load_native
 from verispec.models.native.vocabulary import subset_ids
-
-
-def greedy_outputs(results: str) -> dict[str, list[int]]:
-    """prompt id -> the tokens `ar` emitted at T = 0 in a bench results file."""
-    rows = [json.loads(line) for line in open(results)]
-    out = {r["prompt_id"]: r["output"] for r in rows
-           if r["method"] == "ar" and r["temperature"] == 0.0}
-    if not out:
-        raise SystemExit(f"{results}: no `ar` rows at T = 0")
-    return out
 
 
 def count(outputs: dict[str, list[int]], draft: Any, tokenizer: Any,

@@ -164,11 +164,11 @@ def test_draft_vocabulary_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     from verispec.models.loading import DRAFT_VOCABULARY_ENV, draft_vocabulary
 
     monkeypatch.delenv(DRAFT_VOCABULARY_ENV, raising=False)
-    assert draft_vocabulary() == 32768  # the default: a static set of 32768 ids
+    assert draft_vocabulary() is None  # the whole vocabulary by default
     monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "full")
     assert draft_vocabulary() is None
-    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "4096")
-    assert draft_vocabulary() == 4096
+    monkeypatch.setenv(DRAFT_VOCABULARY_ENV, "32768")
+    assert draft_vocabulary() == 32768
     for bad in ("0", "-3", "half"):
         monkeypatch.setenv(DRAFT_VOCABULARY_ENV, bad)
         with pytest.raises(ValueError, match=DRAFT_VOCABULARY_ENV):

@@ -305,6 +305,7 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
             return BatchCosts.from_json(json.loads(file.read_text())["costs"]).monotone()
         except (OSError, ValueError, KeyError, TypeError):
             pass
+    from verispec.models.fetch import save_record
     from verispec.models.timing import grid_costs, prefill_cost
 
     steps = sorted(set(rows))
@@ -316,13 +317,7 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
               "costs": costs.to_json()}
     if not recorded:
         return costs.monotone()
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(file)  # atomic: a concurrent reader sees the old record or the new
-    except OSError:
-        pass
+    save_record(file, record)
     return costs.monotone()  # the record keeps the times as measured
 
 

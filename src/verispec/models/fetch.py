@@ -182,6 +182,18 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "verispec"
 
 
+def save_record(file: Path, record: Any) -> None:
+    """Write ``record`` as JSON to ``file`` in verispec's cache atomically (a concurrent
+    reader sees the old record or the new); a cache that cannot be written is skipped."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(file)
+    except OSError:
+        pass
+
+
 def _lookup(name: str) -> EmbeddedModel:
     key = _ALIASES.get(name, name)
     try:

@@ -354,13 +354,9 @@ def recorded(name: str, measure: Callable[[], dict[str, Any]],
     except (OSError, ValueError, KeyError, TypeError):
         pass
     record = measure()
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(file)
-    except OSError:
-        pass
+    from verispec.models.fetch import save_record
+
+    save_record(file, record)
     return record
 
 

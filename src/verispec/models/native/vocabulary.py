@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
@@ -62,7 +61,7 @@ def ranked_ids(tokenizer: Any, vocab: int,
     tokenizer and Python installation and kept in verispec's cache directory."""
     if tokenizer is None or not getattr(tokenizer, "is_fast", False):
         return list(range(vocab))
-    from verispec.models.fetch import cache_dir
+    from verispec.models.fetch import cache_dir, save_record
 
     files = reference_files()
     file = cache_dir() / "vocabulary" / f"ranked-{_tokenizer_key(tokenizer, files)}.json"
@@ -79,13 +78,7 @@ def ranked_ids(tokenizer: Any, vocab: int,
         text = f.read_text(encoding="utf-8", errors="replace")
         counts.update(tokenizer(text, add_special_tokens=False)["input_ids"])
     ranked = sorted(range(vocab), key=lambda i: (-counts.get(i, 0), i))
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(ranked))
-        tmp.replace(file)
-    except OSError:
-        pass
+    save_record(file, ranked)
     return ranked
 
 

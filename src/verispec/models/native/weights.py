@@ -188,7 +188,7 @@ def _subset(head: Any, vocabulary: Tensor | None, c: NativeConfig,
     return head if vocabulary is None else SubsetHead(head, vocabulary, c.vocab_size, rows)
 
 
-def _subset_rows(state: dict[str, Tensor], c: NativeConfig) -> Tensor | None:
+def _subset_rows(state: dict[str, Tensor]) -> Tensor | None:
     """The head's rows [V, H] a subset head scores context ids from: its own ``head.rows``,
     the embedding where the head is the embedding (tied, no folding), or None (a cache
     made without them)."""
@@ -224,7 +224,7 @@ def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
     blocks = [Block(*[Int4Linear.from_state(state, f"layers.{i}.{n}", c.norm_eps)
                       for n in LAYER_LINEARS]) for i in range(c.layers)]
     head = _subset(Int4Linear.from_state(state, "head", c.norm_eps), state.get("head.ids"), c,
-                   _subset_rows(state, c))
+                   _subset_rows(state))
     return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
                        device=torch.device("cpu"))
 
@@ -382,7 +382,7 @@ def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | N
         blocks.append(Block(*[Int8Linear.from_state(state, f"layers.{i}.{name}", eps, kernel)
                               for name in LAYER_LINEARS]))
     head = _subset(Int8Linear.from_state(state, "head", eps, kernel), state.get("head.ids"), c,
-                   _subset_rows(state, c))
+                   _subset_rows(state))
     return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
                        device=torch.device("cpu"), attention_dtype=torch.float64)
 
