@@ -172,6 +172,7 @@ def test_draft_format_is_timed_once_and_recorded(monkeypatch: pytest.MonkeyPatch
     if kernel is None or not int4_available():
         pytest.skip("needs an exact int8 kernel and the int4 kernel")
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "DRAFT_TIMING_LAYERS", ((1152, 896, 4), (151936, 896, 1)))
     faster, why = linear.int4_draft_faster(kernel)
     assert re.search(r"int4 [0-9.]+ ms, int8 [0-9.]+ ms", why), why
     assert list((tmp_path / "quantized").glob("draft-format-*.json"))
@@ -184,23 +185,66 @@ def test_draft_format_is_timed_once_and_recorded(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the int8 table is for x86-64")
-def test_a_draft_format_record_of_other_layers_is_measured_again(
+def test_a_draft_format_record_timed_otherwise_is_measured_again(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A record whose timing covered other layers (one layer alone, say) is not served: the
-    comparison runs again on :data:`DRAFT_TIMING_LAYERS` and records them."""
+    """A record whose timing covered other layers (one layer alone, say), or the same layers
+    timed from one cached copy of each, is not served: the comparison runs again as a step
+    runs (:data:`DRAFT_TIMING_LAYERS`, weights of their own per layer) and records how."""
     if not int4_available():
         pytest.skip("needs the int4 kernel")
     kernel = kernels.parse("fbgemm/7")
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(linear, "DRAFT_TIMING_LAYERS", ((64, 32, 3), (32, 64, 2)))
-    monkeypatch.setattr(kernels, "median_seconds", lambda call, *a: 1e-3)
+    calls: list[int] = []
+
+    def sweep_seconds(call: Any, *_a: Any) -> float:
+        calls.append(1)
+        call()  # one sweep runs every layer once
+        return 1e-3
+
+    monkeypatch.setattr(kernels, "median_seconds", sweep_seconds)
     file = tmp_path / "quantized" / f"draft-format-fbgemm-7-{kernels.signature()}.json"
     file.parent.mkdir(parents=True)
-    file.write_text('{"int4_faster": true, "times": {"int8": 2e-4, "int4": 1e-4}}')
-    faster, why = linear.int4_draft_faster(kernel)
-    assert not faster, why  # timed again: equal times, so int4 is not faster
-    assert "int4 5.0 ms, int8 5.0 ms" in why, why
-    assert json.loads(file.read_text())["layers"] == [[64, 32, 3], [32, 64, 2]]
+    stale = [{"int4_faster": True, "times": {"int8": 2e-4, "int4": 1e-4}},
+             {"int4_faster": True, "times": {"int8": 2e-4, "int4": 1e-4},
+              "layers": [[64, 32, 3], [32, 64, 2]]}]  # one copy per shape, timed from cache
+    for record in stale:
+        file.write_text(json.dumps(record))
+        calls.clear()
+        faster, why = linear.int4_draft_faster(kernel)
+        assert not faster, why  # timed again: equal times, so int4 is not faster
+        assert "int4 1.0 ms, int8 1.0 ms" in why, why
+        assert len(calls) == 2  # one median of sweeps per format
+        written = json.loads(file.read_text())
+        assert written["layers"] == [[64, 32, 3], [32, 64, 2]]
+        assert written["weights"] == linear.DRAFT_TIMING_WEIGHTS
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the int8 table is for x86-64")
+def test_the_draft_format_timing_streams_distinct_weights(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each timed layer of a sweep has weights of its own, as the layers of a step do (one
+    layer timed again and again runs from the cache, where int8 can win although int4, with
+    half the bytes to read, steps the real draft faster)."""
+    if not int4_available():
+        pytest.skip("needs the int4 kernel")
+    kernel = kernels.parse("fbgemm/7")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "DRAFT_TIMING_LAYERS", ((64, 32, 3), (32, 64, 2)))
+    seen: dict[str, list[int]] = {"int8": [], "int4": []}
+    for cls, name in ((linear.Int8Linear, "int8"), (linear.Int4Linear, "int4")):
+        original = cls.__call__
+
+        def spy(self: Any, x: torch.Tensor, _o: Any = original,
+                _n: str = name) -> torch.Tensor:
+            seen[_n].append(id(self))
+            return _o(self, x)
+
+        monkeypatch.setattr(cls, "__call__", spy)
+    monkeypatch.setattr(kernels, "median_seconds", lambda call, *a: (call(), 1e-3)[1])
+    linear.int4_draft_faster(kernel)
+    for name, ids in seen.items():
+        assert len(ids) == 5 and len(set(ids)) == 5, (name, ids)  # 3 + 2 layers, all distinct
 
 
 def test_load_model_runs_qwen2_dirs_natively(module: Any, tmp_path: Path) -> None:

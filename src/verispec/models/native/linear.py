@@ -49,9 +49,9 @@ import verispec.models.native.kernels as kernels
 import verispec.models.native.onednn as onednn
 from verispec.models.native.kernels import Int8Kernel
 
-__all__ = ["DRAFT_TIMING_LAYERS", "DenseLinear", "Int4Linear", "Int8Linear", "SubsetHead",
-           "default_kernel", "int4_available", "int4_draft_faster", "int8_available",
-           "quantize_weight", "split_pass_sizes"]
+__all__ = ["DRAFT_TIMING_LAYERS", "DRAFT_TIMING_WEIGHTS", "DenseLinear", "Int4Linear",
+           "Int8Linear", "SubsetHead", "default_kernel", "draft_layer_times", "int4_available",
+           "int4_draft_faster", "int8_available", "quantize_weight", "split_pass_sizes"]
 
 
 class DenseLinear:
@@ -419,35 +419,61 @@ class Int4Linear:
 #: gate/up and down projections, and the tied 151,936-row head)
 DRAFT_TIMING_LAYERS = ((1152, 896, 24), (896, 896, 24), (9728, 896, 24), (896, 4864, 24),
                        (151936, 896, 1))
+#: How :func:`int4_draft_faster` times them, recorded with its result (a record timed another
+#: way is measured again)
+DRAFT_TIMING_WEIGHTS = "one set of weights per layer, streamed as a step reads them"
+
+
+def draft_layer_times(kernel: Int8Kernel, *, streamed: bool = True) -> dict[str, float]:
+    """Seconds for one row through the layers of :data:`DRAFT_TIMING_LAYERS` in int8 (on
+    ``kernel``) and in weight-only int4: ``{"int8": s, "int4": s}``. ``streamed``: every
+    layer has weights of its own and a sweep runs them all, as a step does (medians of
+    :data:`kernels.TIMING_REPEATS` sweeps); otherwise one layer of each shape is timed again
+    and again from the cache and its median multiplied by the count, which misjudges a
+    format whose advantage is reading fewer bytes."""
+    g = torch.Generator().manual_seed(0)
+    steps: dict[str, list[tuple[Int8Linear | Int4Linear, Tensor, int]]] = {"int8": [], "int4": []}
+    for n, k, count in DRAFT_TIMING_LAYERS:
+        x = torch.randn((1, k), generator=g)  # [1, K]
+        for _ in range(count if streamed else 1):
+            w = torch.randn((n, k), generator=g) * 0.02  # [N, K]
+            steps["int8"].append((Int8Linear.from_int8(*quantize_weight(w), kernel=kernel), x,
+                                  1 if streamed else count))
+            steps["int4"].append((Int4Linear.quantize(w), x, 1 if streamed else count))
+    if not streamed:
+        return {name: sum(count * kernels.median_seconds(lambda f=layer, x=x: f(x))
+                          for layer, x, count in layers) for name, layers in steps.items()}
+
+    def sweep(name: str) -> None:
+        for layer, x, _ in steps[name]:
+            layer(x)
+
+    return {name: kernels.median_seconds(lambda n=name: sweep(n)) for name in steps}
 
 
 def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
     """(whether weight-only int4 steps a draft faster than int8 on ``kernel`` here, the
-    timing as text): one row through random layers of :data:`DRAFT_TIMING_LAYERS` in each
-    format (medians of :data:`kernels.TIMING_REPEATS`, summed as a step runs them), measured
-    once per machine signature and recorded in verispec's cache (:func:`kernels.recorded`).
-    Which one wins depends on the CPU and the int8 kernel (int4 steps with bfloat16
-    activations, int8 with the kernel's codes); one layer alone does not decide it."""
+    timing as text): one row through every layer of :data:`DRAFT_TIMING_LAYERS` in each
+    format, each layer with weights of its own as in a step (medians of
+    :data:`kernels.TIMING_REPEATS` sweeps), measured once per machine signature and recorded
+    in verispec's cache (:func:`kernels.recorded`). Which one wins depends on the CPU and
+    the int8 kernel (int4 steps with bfloat16 activations, int8 with the kernel's codes), and
+    on where the weights come from: a step streams half a gigabyte of draft weights from
+    memory, where int4 reads half the bytes of int8, so timing one layer again and again from
+    the cache favours the format that computes faster and can pick the slower draft."""
+    layers_timed = [list(shape) for shape in DRAFT_TIMING_LAYERS]
 
     def measure() -> dict[str, object]:
-        g = torch.Generator().manual_seed(0)
-        times = {"int8": 0.0, "int4": 0.0}
-        for n, k, count in DRAFT_TIMING_LAYERS:
-            w = torch.randn((n, k), generator=g) * 0.02  # [N, K]
-            x = torch.randn((1, k), generator=g)  # [1, K]
-            layers = {"int8": Int8Linear.from_int8(*quantize_weight(w), kernel=kernel),
-                      "int4": Int4Linear.quantize(w)}
-            for name, layer in layers.items():
-                times[name] += count * kernels.median_seconds(lambda f=layer: f(x))
+        times = draft_layer_times(kernel)
         return {"int4_faster": times["int4"] < times["int8"], "times": times,
-                "layers": layers_timed}
+                "layers": layers_timed, "weights": DRAFT_TIMING_WEIGHTS}
 
-    # a record is served only if it timed these same layers (not, say, one layer alone)
-    layers_timed = [list(shape) for shape in DRAFT_TIMING_LAYERS]
+    # a record is served only if it timed these same layers the same way (not one layer alone)
     record = kernels.recorded(f"draft-format-{str(kernel).replace('/', '-')}", measure,
                               lambda r: isinstance(r.get("int4_faster"), bool)
                               and {"int4", "int8"} <= set(r.get("times", {}))
-                              and r.get("layers") == layers_timed)
+                              and r.get("layers") == layers_timed
+                              and r.get("weights") == DRAFT_TIMING_WEIGHTS)
     times = record["times"]
     shown = (f"the draft's layers, one row: int4 {times['int4'] * 1e3:.1f} ms, "
              f"int8 {times['int8'] * 1e3:.1f} ms")
