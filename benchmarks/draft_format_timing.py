@@ -19,12 +19,11 @@ from typing import Any
 import torch
 
 from verispec.bench.measure import machine_description
-from verispec.models.fetch import model_path
+from verispec.models.fetch import DEFAULT_DRAFT, model_path
 from verispec.models.native import load_native
 from verispec.models.native.linear import default_kernel, draft_layer_times
 from verispec.models.timing import pass_costs
 
-DRAFT = "qwen2.5-coder-0.5b-instruct"
 FORMATS = ("int8", "int4")
 WAYS = ("layers, streamed", "layers, one per shape from the cache", "whole draft step")
 
@@ -40,7 +39,8 @@ def table(rounds: list[dict[str, dict[str, float]]]) -> str:
 
 
 def _step_ms(fmt: str) -> float:
-    model = load_native(model_path(DRAFT, "hf"), fmt, online_rotations=False)  # as drafts load
+    # as drafts load: no run-time rotations
+    model = load_native(model_path(DEFAULT_DRAFT, "hf"), fmt, online_rotations=False)
     return pass_costs(model, context=200, ks=(1,), reps=7)[1] * 1e3
 
 

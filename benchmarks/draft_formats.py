@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from paired import format_interval
+from step_costs import SUBSET
 
 from verispec.api import generate
 from verispec.bench.measure import machine_description
@@ -39,7 +40,6 @@ from verispec.models.native import load_native
 from verispec.models.timing import interleaved_costs
 
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-SUBSET = 32768  # static ids of the subset formats
 #: format -> how the draft is loaded
 LOADERS: dict[str, Callable[[], CausalLM]] = {
     "int8": lambda: load_model(PAIR[1], precision="int8", role="draft"),
