@@ -430,6 +430,28 @@ def test_batch_table_sets_gamma_auto_against_the_best_fixed_config(tmp_path: Pat
         assert f"{mine['tokens_per_s'] / best['tokens_per_s']:.3f}× ({name})" in line
 
 
+def test_summary_states_where_gamma_auto_prior_starts(tmp_path: Path, toy_suite: Path,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    """The pair's acceptance recorded by an earlier run is γ auto's prior in the next one,
+    and the summary says so (the first run: none recorded)."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    from verispec.engine import history
+
+    def run(out: str) -> list[str]:
+        target, draft = toy_pair()
+        target.source, draft.source = "/t", "/d"  # as models loaded from a directory
+        s = settings(tmp_path / out, toy_suite, methods=parse_methods("ar,block"),
+                     temperatures=[0.0], gammas=[None], repeats=1)
+        summary = run_benchmark(s, target=target, draft=draft, err=io.StringIO())
+        history._save_all()  # as the process does when it exits
+        assert "acceptance prior at the start" in (s.out / "summary.md").read_text()
+        return summary["meta"]["gamma_auto_priors"]
+
+    assert run("first") == ["block T=0: no acceptance recorded, the generic prior"]
+    (line,) = run("second")
+    assert line.startswith("block T=0: α₀ ") and "positions recorded by earlier runs" in line
+
+
 # ---------------------------------------------------------------- peers (tiny HF models)
 
 

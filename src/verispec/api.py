@@ -28,6 +28,7 @@ from verispec.plan import (
     gamma_policy,
     make_drafter,
     pair_costs,
+    pair_history,
     plan_request,
 )
 from verispec.sampling import Randomness
@@ -143,6 +144,11 @@ def _notes(run: _Run) -> list[str]:
     notes = [f"sampling: {plan.sampling.describe()}"]
     if plan.gamma == "auto" and pair.draft is not None and plan.info.runner is None:
         notes.append("gamma auto: " + pair_costs(pair.target, pair.draft).describe())
+        known = getattr(pair_history(pair.target, pair.draft, plan.engine_method.name,
+                                     plan.sampling), "recorded", 0.0)
+        if known:
+            notes.append(f"gamma auto: the pair's acceptance started from {known:.0f} "
+                         "positions recorded by earlier processes")
     models = [("target", pair.target), ("draft", pair.draft)]
     notes += [f"{role} precision: {m.precision}" for role, m in models if m is not None]
     return notes

@@ -24,6 +24,7 @@ from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
 from verispec.engine.costs import BATCH_ROWS, measure_costs
 from verispec.engine.gamma import AutoGamma, FixedGamma, GammaPolicy, PairHistory, PassCosts
+from verispec.engine.history import pair_history_for
 from verispec.engine.protocols import Method, ScheduledMethod
 from verispec.methods import METHODS, MethodInfo, build_method, resolve
 from verispec.models.base import CausalLM
@@ -291,14 +292,18 @@ def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
 
 def pair_history(target: CausalLM, draft: CausalLM, method: str = "",
                  sampling: Sampling | None = None) -> PairHistory:
-    """The pair's acceptance pooled over the requests of this process that share the
-    method and the sampling warp (γ auto's prior): acceptance depends on both (greedy
-    drafts of a code model are accepted far more often than samples at T = 1), so a server
-    that mixes them does not start one kind of request from the other's acceptance."""
+    """The pair's acceptance pooled over the requests that share the method and the
+    sampling warp (γ auto's prior): acceptance depends on both (greedy drafts of a code
+    model are accepted far more often than samples at T = 1), so a server that mixes them
+    does not start one kind of request from the other's acceptance. One history per
+    process, which starts from the counts recorded by earlier processes where the models
+    were loaded from a directory (:mod:`verispec.engine.history`)."""
     warp = (None if sampling is None
             else (sampling.temperature, sampling.top_k, sampling.top_p))
     per_draft = _HISTORY.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft, {})
-    return per_draft.setdefault((method, warp), PairHistory())
+    if (method, warp) not in per_draft:
+        per_draft[(method, warp)] = pair_history_for(target, draft, method, warp)
+    return per_draft[(method, warp)]
 
 
 def gamma_policy(plan: RequestPlan, target: CausalLM, draft: CausalLM | None,

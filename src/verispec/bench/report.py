@@ -266,6 +266,8 @@ def _meta_lines(meta: dict[str, Any], rows: list[Row]) -> list[str]:
          f"{meta.get('threads', '–')} threads"),
         f"- machine: {meta.get('machine') or 'not recorded'}",
         f"- pair costs, measured at start-up: {meta.get('pair_costs') or 'not measured'}",
+        *([f"- γ auto's acceptance prior at the start: {'; '.join(meta['gamma_auto_priors'])}"]
+          if meta.get("gamma_auto_priors") else []),
         f"- suites {', '.join(meta.get('suites') or []) or '–'}; prompts per category: {cats}",
         (f"- {meta.get('max_new_tokens', '–')} new tokens"
          + (" (end of sequence ignored)" if meta.get("ignore_eos") else "")

@@ -427,6 +427,29 @@ def _summary_meta(s: BenchSettings, names: tuple[str, str], target: CausalLM,
     return meta
 
 
+def _recorded_priors(s: BenchSettings, configs: Sequence[Config], target: CausalLM,
+                     draft: CausalLM) -> list[str]:
+    """Where each γ auto configuration's acceptance prior starts, before the first row: the
+    pair's acceptance recorded by earlier processes (:mod:`verispec.engine.history`), or
+    none (the generic prior)."""
+    from verispec.plan import RequestConfig, pair_history, plan_request
+
+    lines = []
+    for c in configs:
+        if c.method.is_peer or _gamma(c) != "auto" or c.batch_size > 1:
+            continue
+        plan = plan_request(RequestConfig(c.method.name, c.method.option_dict(), "auto",
+                                          s.drafter, temperature=c.temperature))
+        if plan.drafter is None or plan.info.runner is not None:
+            continue
+        h = pair_history(target, draft, plan.engine_method.name, plan.sampling)
+        known = getattr(h, "recorded", 0.0)
+        lines.append(f"{c.method.label} T={c.temperature:g}: " + (
+            f"α₀ {h.accepted / h.tested:.3f} from {known:.0f} positions recorded by earlier "
+            "runs" if known else "no acceptance recorded, the generic prior"))
+    return lines
+
+
 @contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """torch's intra-op threads set to ``n`` for the block (restored after)."""
@@ -491,12 +514,15 @@ def _run(s: BenchSettings, target: CausalLM | None, draft: CausalLM | None, err:
     ids = [p.id for p in prompts]
     units = plan(configs, len(prompts), s.repeats, order=s.order, seed=s.seed, prompt_ids=ids)
     todo = [u for u in units if not all(k in done for k in u.row_keys(prompts))]
-    costs = None
+    costs, priors = None, []
     if draft is not None and needs_draft:  # why the speed-ups are what they are
         from verispec.api import pair_costs
 
         costs = pair_costs(target, draft).describe()
         print(f"pair costs: {costs}", file=err)
+        priors = _recorded_priors(s, configs, target, draft)
+        for line in priors:
+            print(f"gamma auto prior: {line}", file=err)
     runner = _Runner(s, target, draft, prompts, encoded, hf_pair)
     progress = Progress(len(units), err, done=len(units) - len(todo))
     if done:
@@ -520,8 +546,10 @@ def _run(s: BenchSettings, target: CausalLM | None, draft: CausalLM | None, err:
     ordered = [done[k] for u in plan(configs, len(prompts), s.repeats)
                for k in u.row_keys(prompts)]
     llamacpp = llamacpp_meta(configs, ordered, s.thread_count, runner.peers)
-    summary = build_summary(_summary_meta(s, names, target, draft, prompts, costs, llamacpp),
-                            ordered)
+    meta = _summary_meta(s, names, target, draft, prompts, costs, llamacpp)
+    if priors:
+        meta["gamma_auto_priors"] = priors
+    summary = build_summary(meta, ordered)
     write_reports(s.out, summary)
     write_plots(s.out, summary, ordered, err)
     return summary

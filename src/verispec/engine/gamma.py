@@ -12,8 +12,8 @@ from typing import Protocol
 from verispec.checks import check_positive
 from verispec.engine.costs import Overhead, PassCosts, expected_tokens
 
-__all__ = ["AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts", "best_gamma",
-           "expected_tokens"]
+__all__ = ["HISTORY_CAP", "AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts",
+           "best_gamma", "expected_tokens"]
 
 
 class GammaPolicy(Protocol):
@@ -71,6 +71,9 @@ class FixedGamma:
 #: (α₀ is the pair's pooled acceptance over earlier requests once it has HISTORY_MIN positions).
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0
 HISTORY_MIN = 32
+#: A pair's pooled acceptance weighs at most this many positions: beyond it the older
+#: counts are scaled down, so the prior follows a change of prompts or sampling.
+HISTORY_CAP = 1024
 #: After this many iterations at γ = 0, draft one token to keep learning α.
 PROBE_EVERY = 16
 #: The draft reads a request's context at once when the time drafting is expected to save
@@ -79,11 +82,13 @@ PAYBACK_SHARE = 0.5
 
 
 class PairHistory:
-    """The acceptance of one draft/target pair pooled over the requests it has served in
-    this process (accepted drafts and tested positions): the prior of the next request's
-    :class:`AutoGamma`, so a pair whose drafts are usually accepted starts drafting at once.
-    It holds outcomes of earlier iterations only, so a γ chosen from it is still decided
-    before the block it drafts."""
+    """The acceptance of one draft/target pair pooled over the requests it has served
+    (accepted drafts and tested positions, at most ``HISTORY_CAP`` positions' worth): the
+    prior of the next request's :class:`AutoGamma`, so a pair whose drafts are usually
+    accepted starts drafting at once. It holds outcomes of earlier iterations only, so a γ
+    chosen from it is still decided before the block it drafts. This class keeps them for
+    one process; :class:`~verispec.engine.history.RecordedHistory` also keeps them on disk
+    for the next."""
 
     def __init__(self) -> None:
         self.accepted = 0.0
@@ -98,6 +103,10 @@ class PairHistory:
     def add(self, accepted: float, tested: float) -> None:
         self.accepted += accepted
         self.tested += tested
+        if self.tested > HISTORY_CAP:  # forget old outcomes in proportion
+            scale = HISTORY_CAP / self.tested
+            self.accepted *= scale
+            self.tested = float(HISTORY_CAP)
 
 
 def best_gamma(alpha: float, costs: PassCosts, max_gamma: int,

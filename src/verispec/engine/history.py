@@ -1,0 +1,114 @@
+"""A pair's acceptance kept on disk: γ auto's prior for the first request of a process.
+
+:class:`~verispec.engine.gamma.PairHistory` pools the acceptance of the requests a pair has
+served, so that a request starts from what the pair usually achieves instead of the generic
+prior ``PRIOR_ALPHA``. Held per process only, the first request of every process (each
+``verispec generate`` call, each server start) started from that generic prior and drafted
+short until its own acceptance caught up. :class:`RecordedHistory` keeps the same counts
+under verispec's cache directory, keyed by the two models (name, precision, variant), the
+machine, the method and the sampling warp, and reads them back in the next process.
+
+The counts are outcomes of earlier requests only, so a γ chosen from them is still decided
+before the block it drafts, and every lossless method stays lossless. Delete
+``<cache>/acceptance/`` to start from the generic prior again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import math
+import time
+import weakref
+from pathlib import Path
+
+from verispec.engine.costs import machine_signature
+from verispec.engine.gamma import HISTORY_CAP, PairHistory
+from verispec.models.base import CausalLM
+
+__all__ = ["SAVE_INTERVAL_S", "RecordedHistory", "history_file", "pair_history_for"]
+
+#: A history writes its counts at most this often while requests run (and once at exit).
+SAVE_INTERVAL_S = 1.0
+RECORD_VERSION = 1
+
+_LIVE: weakref.WeakSet[RecordedHistory] = weakref.WeakSet()
+
+
+class RecordedHistory(PairHistory):
+    """A :class:`PairHistory` that starts from the counts recorded in ``file`` (none, or an
+    unreadable record: from nothing) and writes its counts back there."""
+
+    def __init__(self, file: Path) -> None:
+        super().__init__()
+        self.file = file
+        self.accepted, self.tested = _read(file)
+        self.recorded = self.tested  # positions known from earlier processes
+        self._changed = False
+        self._saved_at = time.monotonic()
+        _LIVE.add(self)
+
+    def add(self, accepted: float, tested: float) -> None:
+        super().add(accepted, tested)
+        self._changed = True
+        if time.monotonic() - self._saved_at >= SAVE_INTERVAL_S:
+            self.save()
+
+    def save(self) -> None:
+        """Write the counts (atomically; a cache that cannot be written is skipped)."""
+        if not self._changed:
+            return
+        from verispec.models.fetch import save_record
+
+        save_record(self.file, {"version": RECORD_VERSION, "accepted": self.accepted,
+                                "tested": self.tested})
+        self._changed = False
+        self._saved_at = time.monotonic()
+
+
+def _read(file: Path) -> tuple[float, float]:
+    """(accepted, tested) from a record, (0, 0) where there is none or it does not hold two
+    finite counts with 0 ≤ accepted ≤ tested (capped at ``HISTORY_CAP`` positions)."""
+    try:
+        data = json.loads(file.read_text())
+        accepted, tested = float(data["accepted"]), float(data["tested"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0, 0.0
+    if data.get("version") != RECORD_VERSION or not (
+            math.isfinite(accepted) and math.isfinite(tested) and 0 <= accepted <= tested):
+        return 0.0, 0.0
+    if tested > HISTORY_CAP:
+        accepted, tested = accepted * HISTORY_CAP / tested, float(HISTORY_CAP)
+    return accepted, tested
+
+
+def history_file(target: CausalLM, draft: CausalLM, method: str, warp: object) -> Path | None:
+    """Where the pair's acceptance for ``method`` under the sampling ``warp`` is recorded;
+    None for a model not loaded from a directory (toy tables, test doubles: their names do
+    not identify their weights)."""
+    if not all(getattr(m, "source", None) for m in (target, draft)):
+        return None
+    from verispec.models.fetch import cache_dir
+
+    int8 = "int8" in (target.precision, draft.precision)
+    text = "|".join([target.name, target.precision, target.variant, draft.name,
+                     draft.precision, draft.variant, machine_signature(target.device, int8),
+                     method, repr(warp), f"v{RECORD_VERSION}"])
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in method) or "method"
+    return cache_dir() / "acceptance" / f"{name}-{key}.json"
+
+
+def pair_history_for(target: CausalLM, draft: CausalLM, method: str,
+                     warp: object) -> PairHistory:
+    """A fresh history of the pair: recorded on disk where the models are identified by
+    their directory (:func:`history_file`), else held in memory only."""
+    file = history_file(target, draft, method, warp)
+    return PairHistory() if file is None else RecordedHistory(file)
+
+
+@atexit.register
+def _save_all() -> None:
+    for history in list(_LIVE):
+        history.save()
