@@ -1,7 +1,9 @@
 """Draft formats side by side in one run: the int8 draft as verispec loads it (no run-time
 rotations), the int8 draft with the target's run-time rotations, the weight-only int4
-draft, and the int8 and int4 drafts over a vocabulary subset (``int8-subset``,
-``int4-subset``: SUBSET ids and each row's context ids, as ``VERISPEC_DRAFT_VOCABULARY``).
+draft (on verispec's int4 kernel for short passes where it is built; ``int4-torch``: on
+torch's int4 kernel alone), and the int8 and int4 drafts over a vocabulary subset
+(``int8-subset``, ``int4-subset``: SUBSET ids and each row's context ids, as
+``VERISPEC_DRAFT_VOCABULARY``).
 
 The target is the int8 model in every case (so ``ar`` and the output law are unchanged);
 only the draft differs. Per prompt and temperature the drafts run one after the other (the
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 from paired import format_interval
-from step_costs import SUBSET
+from step_costs import SUBSET, torch_int4_only
 
 from verispec.api import generate
 from verispec.bench.measure import machine_description
@@ -49,6 +51,7 @@ LOADERS: dict[str, Callable[[], CausalLM]] = {
                                        online_rotations=False),
     "int4-subset": lambda: load_native(model_path(PAIR[1], "hf"), "int4", vocabulary=SUBSET,
                                        online_rotations=False),
+    "int4-torch": lambda: torch_int4_only(load_model(PAIR[1], precision="int4", role="draft")),
 }
 KS = (1, 2, 4)
 READ = 200  # prompt tokens read to time prompt reading

@@ -1,6 +1,7 @@
 """Step costs of every runtime of the embedded pair: one forward pass of k tokens after a
-200-token context (median of 7), native int8, int4 (the draft; its int8 form runs passes
-over 4 or more tokens) and float32 and llama.cpp's Q4_K_M GGUF, as a Markdown table. The
+200-token context (median of 7), native int8, int4 (the draft; on verispec's int4 kernel for
+passes of up to 8 tokens where it is built, and on torch's alone) and float32 and llama.cpp's
+Q4_K_M GGUF, as a Markdown table. The
 draft's int8 and int4 rows are measured over the whole vocabulary and over a subset of
 :data:`SUBSET` ids and each row's context ids (``VERISPEC_DRAFT_VOCABULARY``).
 
@@ -22,7 +23,7 @@ import torch
 from verispec.bench.llamacpp import forward_ms, llamacpp_available
 from verispec.bench.measure import machine_description
 from verispec.models.fetch import model_path
-from verispec.models.native import load_native
+from verispec.models.native import int4_kernel, load_native
 from verispec.models.timing import pass_costs
 
 KS = (1, 2, 4, 9)
@@ -32,8 +33,18 @@ SUBSET = 32768  # the draft's static ids in the subset rows
 RUNS: dict[str, tuple[tuple[str, str | None], ...]] = {
     PAIR[0]: (("int8", None), ("float32", None)),
     PAIR[1]: (("int8", "subset"), ("int8", None), ("int4", "subset"), ("int4", None),
-              ("float32", None)),
+              ("int4-torch", None), ("float32", None)),
 }
+
+
+def torch_int4_only(model: Any) -> Any:
+    """``model`` (a native int4 model) with every pass on torch's int4 kernel, as where
+    verispec's own cannot be built: its layers keep no weights in that kernel's layout."""
+    net = model.net
+    layers = [lin for b in net.blocks for lin in (b.qkv, b.o, b.gate_up, b.down)]
+    for lin in [*layers, getattr(net.head, "linear", net.head)]:
+        lin.lanes = None
+    return model
 
 
 def _row(row: dict[str, Any]) -> str:
@@ -50,10 +61,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def _native(name: str, precision: str, scored: str | None) -> dict[str, Any]:
     vocabulary = SUBSET if scored == "subset" else None
-    model = load_native(model_path(name, "hf"), precision, vocabulary=vocabulary,
-                        online_rotations=name != PAIR[1])  # as drafts load
+    model = load_native(model_path(name, "hf"), precision.removesuffix("-torch"),
+                        vocabulary=vocabulary, online_rotations=name != PAIR[1])  # as drafts load
+    if precision == "int4-torch":
+        torch_int4_only(model)
+    elif precision == "int4":
+        precision = f"int4 ({int4_kernel.status()})"
     costs = pass_costs(model, context=200, ks=KS, reps=7)
     label = f"native {precision}" + (f", {vocabulary} ids + context ids" if vocabulary else "")
+    label = label.replace("native int4-torch", "native int4 (torch's int4 kernel)")
     return {"model": name, "runtime": label, "ms": {k: v * 1e3 for k, v in costs.items()}}
 
 

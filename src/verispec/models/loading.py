@@ -141,7 +141,9 @@ def resolve_precision(precision: str, device: torch.device,
         missing = _int4_missing(device)
         if missing:
             raise ValueError(f"{missing}; use --draft-precision int8, bfloat16 or float32")
-        return "int4", "int4 (requested)"
+        from verispec.models.native.int4_kernel import status
+
+        return "int4", f"int4 (requested; short passes on {status()})"
     if precision == "int8":
         kernel, why = _int8_kernel(device)
         if kernel is None:

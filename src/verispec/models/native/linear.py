@@ -47,6 +47,7 @@ from torch import Tensor
 
 import verispec.models.native.kernels as kernels
 import verispec.models.native.onednn as onednn
+import verispec.models.native.int4_kernel as int4_kernel
 from verispec.models.native.kernels import Int8Kernel
 
 __all__ = ["DRAFT_TIMING_LAYERS", "DRAFT_TIMING_WEIGHTS", "DenseLinear", "Int4Linear",
@@ -339,6 +340,8 @@ def split_pass_sizes(layers: list[Int8Linear], record: str | None = None) -> str
 
 INT4_GROUPS = (64, 32)  # input channels sharing one int4 scale and offset (first that divides)
 INT4_TILES = 2  # inner k-tiles of the CPU int4 packing
+#: the state names of an int4 layer's weights in verispec's kernel's layout
+LANE_TENSORS = ("lanes", "lane_scales", "lane_lo")
 
 
 def int4_available() -> bool:
@@ -347,18 +350,21 @@ def int4_available() -> bool:
 
 
 class Int4Linear:
-    """Weight-only int4 (x86 CPU): y = x @ Ŵ^T + b with bfloat16 activations, where
-    Ŵ = (w4 − 8) · s + z per group of 64 (or 32) input channels (w4 in 0..15).
+    """Weight-only int4 (x86 CPU): y = x @ Ŵ^T + b, where Ŵ = code · s + lo per group of 64
+    (or 32) input channels (code in 0..15).
 
-    The activations keep their floating-point values (no activation quantization), so
-    there is no per-token scale question; but the kernel's rounding may depend on how
-    many rows a pass holds, so int4 is for the **draft** only: a drafted token's q is the
-    distribution computed in the pass that drew it, whatever the pass, while the target's
-    distribution must not depend on the pass.
+    Passes of up to :data:`~verispec.models.native.int4_kernel.MAX_ROWS` rows run verispec's
+    own kernel where it is available (:mod:`~verispec.models.native.int4_kernel`: int8
+    activations per group of 64 channels, exact integer dot products), longer passes and
+    every pass elsewhere torch's (bfloat16 activations). Either way the rounding depends on
+    how many rows a pass holds and which kernel ran it, so int4 is for the **draft** only: a
+    drafted token's q is the distribution computed in the pass that drew it, whatever the
+    pass, while the target's distribution must not depend on the pass.
     """
 
     def __init__(self, packed: Tensor, scales: Tensor, group: int, bias: Tensor | None,
-                 norm: Tensor | None, eps: float, shape: tuple[int, int]) -> None:
+                 norm: Tensor | None, eps: float, shape: tuple[int, int],
+                 lanes: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
         self.packed = packed  # [N, K / 2] uint8, the CPU int4 kernel's layout
         self.scales = scales  # [G, N, 2] bfloat16: scale and the value of code 8 per group
         self.group = group
@@ -366,6 +372,8 @@ class Int4Linear:
         self.norm = norm  # [K] float32
         self.eps = eps
         self.out_features, self.in_features = shape
+        # the same codes in verispec's kernel's layout (int4_kernel.pack), where it applies
+        self.lanes = lanes
 
     @classmethod
     def quantize(cls, weight: Tensor, bias: Tensor | None = None, norm: Tensor | None = None,
@@ -380,37 +388,58 @@ class Int4Linear:
         lo, hi = groups.amin(-1), groups.amax(-1)  # [N, G]
         scale = ((hi - lo) / 15.0).clamp_min(1e-8)  # [N, G]
         codes = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).view(n, k), INT4_TILES)  # [N, K / 2] uint8
+        codes = codes.to(torch.int32).view(n, k)  # [N, K]
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INT4_TILES)
         scales = torch.stack([scale.T, (lo + 8.0 * scale).T], -1).to(torch.bfloat16)
+        lanes = None
+        if group == int4_kernel.GROUP and n % int4_kernel.LANES == 0:
+            lanes = int4_kernel.pack(codes, scale, lo)
         return cls(packed, scales.contiguous(), group,
                    None if bias is None else bias.float().contiguous(),
-                   None if norm is None else norm.float().contiguous(), eps, (n, k))
+                   None if norm is None else norm.float().contiguous(), eps, (n, k), lanes)
 
     def state(self, prefix: str) -> dict[str, Tensor]:
         """Tensors that rebuild this layer (:meth:`from_state`)."""
         out = {f"{prefix}.packed": self.packed, f"{prefix}.scales": self.scales,
                f"{prefix}.shape": torch.tensor([self.out_features, self.in_features,
                                                 self.group])}
+        if self.lanes is not None:
+            out |= dict(zip([f"{prefix}.{n}" for n in LANE_TENSORS], self.lanes, strict=True))
         return out | _present(prefix, bias=self.bias, norm=self.norm)
 
     @classmethod
     def from_state(cls, state: dict[str, Tensor], prefix: str, eps: float) -> Int4Linear:
         n, k, group = (int(x) for x in state[f"{prefix}.shape"])
+        lanes = None
+        if f"{prefix}.{LANE_TENSORS[0]}" in state:
+            lanes = tuple(state[f"{prefix}.{name}"] for name in LANE_TENSORS)
         return cls(state[f"{prefix}.packed"], state[f"{prefix}.scales"], group,
-                   state.get(f"{prefix}.bias"), state.get(f"{prefix}.norm"), eps, (n, k))
+                   state.get(f"{prefix}.bias"), state.get(f"{prefix}.norm"), eps, (n, k),
+                   lanes)  # type: ignore[arg-type]
+
+    def _own_kernel(self, x: Tensor) -> bool:
+        """Whether verispec's kernel runs this pass (x [M, K] on the CPU)."""
+        return (self.lanes is not None and x.shape[0] <= int4_kernel.MAX_ROWS
+                and x.device.type == "cpu" and int4_kernel.available())
 
     def _linear(self, x: Tensor) -> Tensor:
+        if self._own_kernel(x):
+            return int4_kernel.matmul(x, self.lanes, self.bias)  # type: ignore[arg-type]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), self.packed, self.group, self.scales).float()  # [M, N]
         return y if self.bias is None else y.add_(self.bias)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self._own_kernel(x):  # the RMSNorm in the same call
+            return int4_kernel.matmul(x, self.lanes, self.bias, norm=self.norm,  # type: ignore[arg-type]
+                                      eps=self.eps)
         if self.norm is not None:
             x = F.rms_norm(x, (self.in_features,), self.norm, self.eps)
         return self._linear(x)
 
     def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        if self._own_kernel(x):
+            return int4_kernel.matmul(x, self.lanes, self.bias, residual)  # type: ignore[arg-type]
         return residual + self._linear(x)
 
 
@@ -463,20 +492,24 @@ def int4_draft_faster(kernel: Int8Kernel) -> tuple[bool, str]:
     the cache favours the format that computes faster and can pick the slower draft."""
     layers_timed = [list(shape) for shape in DRAFT_TIMING_LAYERS]
 
+    int4_runs = int4_kernel.status()
+
     def measure() -> dict[str, object]:
         times = draft_layer_times(kernel)
         return {"int4_faster": times["int4"] < times["int8"], "times": times,
-                "layers": layers_timed, "weights": DRAFT_TIMING_WEIGHTS}
+                "layers": layers_timed, "weights": DRAFT_TIMING_WEIGHTS, "int4_kernel": int4_runs}
 
-    # a record is served only if it timed these same layers the same way (not one layer alone)
+    # a record is served only if it timed these same layers the same way (not one layer
+    # alone) with the int4 kernel that runs now
     record = kernels.recorded(f"draft-format-{str(kernel).replace('/', '-')}", measure,
                               lambda r: isinstance(r.get("int4_faster"), bool)
                               and {"int4", "int8"} <= set(r.get("times", {}))
                               and r.get("layers") == layers_timed
-                              and r.get("weights") == DRAFT_TIMING_WEIGHTS)
+                              and r.get("weights") == DRAFT_TIMING_WEIGHTS
+                              and r.get("int4_kernel") == int4_runs)
     times = record["times"]
-    shown = (f"the draft's layers, one row: int4 {times['int4'] * 1e3:.1f} ms, "
-             f"int8 {times['int8'] * 1e3:.1f} ms")
+    shown = (f"the draft's layers, one row: int4 {times['int4'] * 1e3:.1f} ms "
+             f"({int4_runs}), int8 {times['int8'] * 1e3:.1f} ms")
     return bool(record["int4_faster"]), shown
 
 

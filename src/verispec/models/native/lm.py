@@ -44,9 +44,19 @@ from verispec.models.slots import SlotCache
 __all__ = ["NativeCausalLM"]
 
 #: Passes over at least this many token rows (rows × tokens) run on ``prefill_net`` when a
-#: model has one: an int4 draft step costs 23 ms at 1 row and 47 ms at 4, its int8 form
-#: 32 and 39 ms (0.5B draft, 2-core AVX-512 VNNI Xeon).
+#: model has one and torch's int4 kernel runs its passes: an int4 draft step costs 23 ms at
+#: 1 row and 47 ms at 4, its int8 form 32 and 39 ms (0.5B draft, 2-core AVX-512 VNNI Xeon).
+#: verispec's own int4 kernel takes passes of up to ``int4_kernel.MAX_ROWS`` rows (16.4 ms
+#: at 1, 21.5 at 4, 27.7 at 8 there, against the int8 form's 39.2 and 44.8 at 4 and 8), so
+#: where it runs only longer passes go to the int8 form.
 PREFILL_ROWS = 4
+
+
+def prefill_rows() -> int:
+    """The fewest token rows of a pass that an int4 draft runs on its int8 form."""
+    from verispec.models.native.int4_kernel import MAX_ROWS, available
+
+    return MAX_ROWS + 1 if available() else PREFILL_ROWS
 
 
 class NativeCausalLM(CausalLM):
@@ -64,7 +74,7 @@ class NativeCausalLM(CausalLM):
         # int8 built with the run-time rotations of ``int8_state`` (what a reload needs)
         self.online_rotations = online_rotations
         self.net = net
-        # reads prompts in ``add_rows`` and runs passes over ≥ PREFILL_ROWS token rows when
+        # reads prompts in ``add_rows`` and runs passes over ≥ prefill_rows() token rows when
         # set (an int4 draft with its int8 form, whose kernel is faster over many rows); it
         # writes ``net``'s cache, so it attends in that cache's dtype (its own net object,
         # never shared with a decoding model)
@@ -92,9 +102,14 @@ class NativeCausalLM(CausalLM):
         """The quantized format's version and options (see :attr:`CausalLM.variant`)."""
         from verispec.models.native.weights import CACHE_VERSIONS
 
+        kernel = ""
+        if self.precision == "int4":  # verispec's own int4 kernel or torch's
+            from verispec.models.native.int4_kernel import status
+
+            kernel = f"|int4={status()}"
         return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
                 f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"
-                f"|prefill={self.prefill_net is not None}")
+                f"|prefill={self.prefill_net is not None}{kernel}")
 
     def _new_cache(self, slots: int, capacity: int) -> tuple[list[Tensor], list[Tensor]]:
         return self.net.new_cache(slots, capacity)  # per layer [P, Hkv, L, D]
@@ -165,7 +180,7 @@ class NativeCausalLM(CausalLM):
         padded = [t + [0] * (k - len(t)) for t in tokens]  # filler: token 0
         ids = torch.tensor(padded, dtype=torch.int64, device=self.device)  # [R, k]
         net = self.net
-        if self.prefill_net is not None and len(tokens) * k >= PREFILL_ROWS:
+        if self.prefill_net is not None and len(tokens) * k >= prefill_rows():
             net = self.prefill_net
         step = net.step(self._lengths, ks, num_logits, self.cache.slots)
         extra = (None if self.context is None

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: precision -> format version of a cache file's contents
-CACHE_VERSIONS = {"int8": "verispec-int8/7", "int4": "verispec-int4/2"}
+CACHE_VERSIONS = {"int8": "verispec-int8/7", "int4": "verispec-int4/3"}
 #: names of the caches that older versions wrote into a model directory (never read as
 #: weights, never written any more)
 CACHE_FILES = {"int8": "verispec-int8.safetensors", "int4": "verispec-int4.safetensors"}

@@ -1,0 +1,195 @@
+"""verispec's own weight-only int4 kernel for the draft's steps of a few rows (x86-64).
+
+torch's CPU int4 matmul (``_weight_int4pack_mm_for_cpu``) turns every weight into a float
+and multiplies it by a bfloat16 activation; for one row that arithmetic, not the memory,
+bounds it (it runs at about half the memory bandwidth on the CPUs measured, and on one core
+at half its two-core speed). ``csrc/int4_gemv.c`` instead rounds each group of 64 input
+channels of a row to int8 (scale max|x| / 127) and takes exact integer dot products of the
+4-bit codes with those int8 codes — ``vpdpbusd`` with AVX-512 VNNI; ``vpmaddubsw``, whose
+int16 pair sums (at most 2 · 15 · 127) cannot saturate, with AVX2 — over 16 weight rows
+interleaved in the lanes of a vector, so no horizontal sums are needed.
+
+The activations' rounding makes its outputs differ from torch's kernel by about 1% of
+their scale, which is why only the draft runs it: a drafted token's q is the distribution
+the draft computed, however it was computed; the target's p never comes from it.
+
+The C source is compiled once per machine (about a second) into verispec's cache directory
+and linked against the OpenMP runtime torch itself loads, so its threads are torch's. Where
+it cannot be built (no C compiler, not x86-64, no AVX2) or ``VERISPEC_INT4_KERNEL=torch`` is
+set, torch's kernel runs, and :func:`status` says why; ``VERISPEC_INT4_KERNEL=avx2`` runs its
+AVX2 path on a CPU with AVX-512 VNNI too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["GROUP", "ISAS", "LANES", "MAX_ROWS", "available", "isa", "matmul", "pack", "status"]
+
+SOURCE = Path(__file__).with_name("csrc") / "int4_gemv.c"
+GROUP = 64  # input channels per scale (the C source's VS_GROUP)
+LANES = 16  # weight rows interleaved per block (VS_LANES)
+MAX_ROWS = 8  # the most rows of x one call takes (VS_MAX_ROWS); longer passes run torch's
+ISAS = {1: "avx2", 2: "avx512-vnni"}  # the C source's VS_ISA_* codes
+FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall")
+BUILD_SECONDS = 120
+
+
+def _torch_lib() -> Path:
+    return Path(torch.__file__).parent / "lib"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(cc: str, out: Path) -> None:
+    """Compile the source into ``out`` (atomically), linked to torch's own libgomp."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    obj, tmp = out.with_suffix(f".{os.getpid()}.o"), out.with_suffix(f".{os.getpid()}.tmp")
+    lib = _torch_lib()
+    try:
+        subprocess.run([cc, *FLAGS, "-c", str(SOURCE), "-o", str(obj)], check=True,
+                       capture_output=True, text=True, timeout=BUILD_SECONDS)
+        subprocess.run([cc, "-shared", str(obj), "-o", str(tmp), f"-L{lib}", "-l:libgomp.so.1",
+                        f"-Wl,-rpath,{lib}"], check=True, capture_output=True, text=True,
+                       timeout=BUILD_SECONDS)
+        tmp.replace(out)
+    finally:
+        obj.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+@cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, which instruction set it runs), or (None, why torch's kernel runs)."""
+    if _requested() == "torch":
+        return None, "torch's int4 kernel (VERISPEC_INT4_KERNEL=torch)"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"torch's int4 kernel (verispec's is for x86-64, not {platform.machine()})"
+    if not (_torch_lib() / "libgomp.so.1").exists():
+        return None, "torch's int4 kernel (this torch build has no libgomp to share)"
+    cc = _compiler()
+    if cc is None:
+        return None, "torch's int4 kernel (no C compiler to build verispec's: set CC)"
+    from verispec.models.fetch import cache_dir
+
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+        key = hashlib.sha256("|".join([SOURCE.read_text(), torch.__version__, version,
+                                       " ".join(FLAGS)]).encode()).hexdigest()[:16]
+        out = cache_dir() / "kernels" / f"int4-gemv-{key}.so"
+        if not out.exists():
+            _build(cc, out)
+        lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        return None, f"torch's int4 kernel (verispec's did not build: {detail.strip()[:300]})"
+    lib.vs_int4_isa.restype = ctypes.c_int
+    lib.vs_int4_mm.restype = ctypes.c_int
+    lib.vs_int4_mm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                               ctypes.c_int, ctypes.c_int]
+    constants = (lib.vs_int4_group(), lib.vs_int4_lanes(), lib.vs_int4_max_rows())
+    if constants != (GROUP, LANES, MAX_ROWS):
+        return None, f"torch's int4 kernel (verispec's library has constants {constants})"
+    best = lib.vs_int4_isa()
+    if best not in ISAS:
+        return None, "torch's int4 kernel (this CPU has neither AVX2 nor AVX-512 VNNI)"
+    if _requested() == "avx2" and best > 1:
+        return lib, "verispec's int4 kernel (avx2, as VERISPEC_INT4_KERNEL=avx2 asks)"
+    return lib, f"verispec's int4 kernel ({ISAS[best]})"
+
+
+def _requested() -> str:
+    """``VERISPEC_INT4_KERNEL``: ``auto`` (default: verispec's kernel with the best
+    instruction set here), ``avx2`` (verispec's kernel, AVX2 even where AVX-512 VNNI
+    exists: the path of CPUs without it, to test and time it anywhere) or ``torch``."""
+    value = os.environ.get("VERISPEC_INT4_KERNEL", "auto")
+    if value not in ("auto", "avx2", "torch"):
+        raise ValueError(f"VERISPEC_INT4_KERNEL must be auto, avx2 or torch, not {value!r}")
+    return value
+
+
+def available() -> bool:
+    """verispec's kernel runs here (built, loaded, and the CPU has AVX2 or AVX-512 VNNI)."""
+    return _load()[0] is not None
+
+
+def status() -> str:
+    """Which int4 kernel the draft's steps of up to :data:`MAX_ROWS` rows run, in words."""
+    return _load()[1]
+
+
+def isa() -> int:
+    """The instruction set of :data:`ISAS` the kernel runs with here (0: none): the best
+    this CPU has, or AVX2 where ``VERISPEC_INT4_KERNEL=avx2`` asks."""
+    lib = _load()[0]
+    if lib is None:
+        return 0
+    best = int(lib.vs_int4_isa())
+    return min(best, 1) if _requested() == "avx2" else best
+
+
+def pack(codes: Tensor, scale: Tensor, lo: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's layout of W = codes · scale + lo per group of :data:`GROUP` channels.
+
+    codes [N, K] integers 0..15, scale and lo [N, K / GROUP] float; N a multiple of
+    :data:`LANES`, K of :data:`GROUP`. Returns (nibbles uint8 [N / 16, G, 8, 16, 4]: block b,
+    group g, step t, lane i, byte j holds the codes of row 16 b + i at channels
+    64 g + 4 t + j (low nibble) and that + 32 (high nibble); scale and lo as float16
+    [N / 16, G, 16])."""
+    n, k = codes.shape
+    if n % LANES or k % GROUP:
+        raise ValueError(f"the int4 kernel takes [N, K] with N % {LANES} == 0 and "
+                         f"K % {GROUP} == 0, got [{n}, {k}]")
+    blocks, groups = n // LANES, k // GROUP
+    c = codes.to(torch.uint8).view(blocks, LANES, groups, 2, GROUP // 8, 4)
+    nibbles = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).contiguous()
+
+    def lanes(t: Tensor) -> Tensor:  # [N, G] -> [N / 16, G, 16] float16
+        return t.to(torch.float16).view(blocks, LANES, groups).permute(0, 2, 1).contiguous()
+
+    return nibbles, lanes(scale), lanes(lo)
+
+
+def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None = None,
+           residual: Tensor | None = None, norm: Tensor | None = None, eps: float = 1e-6, *,
+           use_isa: int | None = None) -> Tensor:
+    """x [M, K] float32 (M ≤ :data:`MAX_ROWS`) -> [M, N]: u Wᵀ (+ bias) (+ residual), W from
+    :func:`pack`'s ``packed``, u = x, or with ``norm`` [K] float32 its RMSNorm
+    x / sqrt(mean(x²) + eps) ⊙ norm. ``use_isa``: an entry of :data:`ISAS` (default: the
+    best here); one this CPU lacks is refused with a ValueError, not emulated."""
+    lib = _load()[0]
+    if lib is None:
+        raise RuntimeError(status())
+    nibbles, scale, lo = packed
+    m, k = x.shape
+    n = scale.shape[0] * LANES
+    chosen = isa() if use_isa is None else use_isa
+    if chosen not in ISAS or chosen > lib.vs_int4_isa():
+        raise ValueError(f"instruction set {chosen} is not one this CPU runs the int4 kernel "
+                         f"with (best here: {ISAS.get(lib.vs_int4_isa(), 'none')})")
+    x = x.float().contiguous()
+    out = (torch.empty((m, n), dtype=torch.float32) if residual is None
+           else residual.float().clone(memory_format=torch.contiguous_format))
+    rc = lib.vs_int4_mm(x.data_ptr(), m, k, None if norm is None else norm.data_ptr(), eps,
+                        nibbles.data_ptr(), scale.data_ptr(),
+                        lo.data_ptr(), n, None if bias is None else bias.data_ptr(),
+                        out.data_ptr(), int(residual is not None), chosen,
+                        torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"the int4 kernel refused x [{m}, {k}] against [{n}, {k}] (code {rc})")
+    return out
