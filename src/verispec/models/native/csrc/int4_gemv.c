@@ -70,8 +70,9 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const float *nor
                 sum += v[i];
             }
             float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            /* clamped, so that a non-finite input still converts to a defined code */
             for (int i = 0; i < VS_GROUP; i++)
-                q[i] = (int8_t)nearbyintf(v[i] * inv);
+                q[i] = (int8_t)nearbyintf(fminf(fmaxf(v[i] * inv, -127.0f), 127.0f));
             xs[r * groups + g] = scale;
             xsum[r * groups + g] = sum;
         }
