@@ -269,16 +269,22 @@ def grid_shapes(rows: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]
             if r == 1 or k <= BATCH_MAX_K]
 
 
+def pair_key(target: CausalLM, draft: CausalLM, *parts: str) -> str:
+    """A record name for the pair on this machine: a hash of the model names, precisions
+    and variants, the machine signature and ``parts`` (what else the record depends on)."""
+    int8 = "int8" in (target.precision, draft.precision)
+    text = "|".join([target.name, target.precision, target.variant, draft.name,
+                     draft.precision, draft.variant,
+                     machine_signature(target.device, int8), *parts])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def cost_key(target: CausalLM, draft: CausalLM, *, context: int,
              shapes: Sequence[tuple[int, int]]) -> str:
     """The name of a pair's record: model names, precisions and variants, the machine and
     the grid."""
-    int8 = "int8" in (target.precision, draft.precision)
-    text = "|".join([target.name, target.precision, target.variant, draft.name,
-                     draft.precision, draft.variant,
-                     machine_signature(target.device, int8), f"context={context}",
-                     "shapes=" + ",".join(f"{r}x{k}" for r, k in shapes), f"v{RECORD_VERSION}"])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return pair_key(target, draft, f"context={context}",
+                    "shapes=" + ",".join(f"{r}x{k}" for r, k in shapes), f"v{RECORD_VERSION}")
 
 
 def timing_file(key: str) -> Path:

@@ -16,14 +16,13 @@ before the block it drafts, and every lossless method stays lossless. Delete
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import math
 import time
 import weakref
 from pathlib import Path
 
-from verispec.engine.costs import machine_signature
+from verispec.engine.costs import pair_key
 from verispec.engine.gamma import HISTORY_CAP, PairHistory
 from verispec.models.base import CausalLM
 
@@ -91,11 +90,7 @@ def history_file(target: CausalLM, draft: CausalLM, method: str, warp: object) -
         return None
     from verispec.models.fetch import cache_dir
 
-    int8 = "int8" in (target.precision, draft.precision)
-    text = "|".join([target.name, target.precision, target.variant, draft.name,
-                     draft.precision, draft.variant, machine_signature(target.device, int8),
-                     method, repr(warp), f"v{RECORD_VERSION}"])
-    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    key = pair_key(target, draft, method, repr(warp), f"v{RECORD_VERSION}")
     name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in method) or "method"
     return cache_dir() / "acceptance" / f"{name}-{key}.json"
 
