@@ -10,8 +10,10 @@ times γ auto's pass-cost grid for it, once per machine):
 
 Prints tokens per second (all rows' tokens over the call's wall time, prompt reading
 included) and the number of batched target passes per configuration and round, the median
-per configuration, and γ auto over the best of the others in the same round (geometric mean
-over the rounds, and each round's ratio); ``--out FILE`` keeps the rounds and the machine as
+per configuration (with where its seconds went: the target's prompt reading, the draft's
+steps with its own readings of the prompts, the target's passes, verification), and γ auto
+over the best of the others in the same round (geometric mean over the rounds, and each
+round's ratio); ``--out FILE`` keeps the rounds and the machine as
 JSON, ``--report FILE`` prints the same summary from such a file.
 """
 
@@ -54,8 +56,12 @@ def run(args: argparse.Namespace) -> dict:
                                  ignore_eos=True)
             wall = time.perf_counter() - start
             name = "ar" if method == "ar" else f"block γ={gamma}"
+            stats = out.stats
+            phases = {"prefill": stats.prefill_time_s, "draft": stats.draft_time_s,
+                      "target": stats.target_time_s, "verify": stats.verify_time_s}
             cells[name] = {"tokens_per_s": sum(len(res.tokens) for res in out.results) / wall,
-                           "target_passes": out.stats.target_passes}
+                           "target_passes": stats.target_passes, "wall_s": wall,
+                           "phases_s": phases}
             print(f"round {r + 1} B={args.batch} T={args.temperature:g} {name}: "
                   f"{cells[name]['tokens_per_s']:.2f} tok/s, "
                   f"{out.stats.target_passes} target passes", flush=True)
@@ -82,6 +88,12 @@ def summarize(record: dict) -> None:
         passes = sorted({x[name]["target_passes"] for x in rounds})
         print(f"{name}: median {statistics.median(rates):.2f} tok/s (rounds "
               + ", ".join(f"{x:.2f}" for x in rates) + f"), target passes {passes}")
+        if all("phases_s" in x[name] for x in rounds):  # records from before lack them
+            split = {k: statistics.median(x[name]["phases_s"][k] for x in rounds)
+                     for k in rounds[0][name]["phases_s"]}
+            wall = statistics.median(x[name]["wall_s"] for x in rounds)
+            print("  seconds (medians): wall %.2f, " % wall + ", ".join(
+                f"{k} {v:.2f}" for k, v in split.items()))
     print(f"γ auto / best other in the same round: geometric mean "
           f"{statistics.geometric_mean(ratios):.3f} (rounds: "
           + ", ".join(f"{x:.3f}" for x in ratios) + ")")

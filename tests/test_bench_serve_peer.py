@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -232,6 +233,38 @@ def test_a_peer_gets_no_extension_and_labels_its_cells(
     assert [r.split(" | ")[2] for r in rows] == [
         "ar", "block γ=2", "block γ=auto", "toy-peer", "toy-peer @peer"]
     assert {e["config"] for e in merged["comparisons"]} == {"block γ=auto"}
+    against = merged["peer_comparisons"]
+    assert [(e["concurrency"], e["peer"] in {"toy-peer", "toy-peer @peer"}) for e in against] \
+        == [(1, True), (2, True)]
+    for e in against:  # verispec's best over the peers' best, by mean throughput
+        ours = [c for c in merged["cells"] if c["concurrency"] == e["concurrency"]
+                and not c["label"].startswith("toy-peer")]
+        assert e["config"] == max(ours, key=lambda c: c["throughput_tok_s"])["label"]
+    assert "peers' best" in merged["markdown"]
+
+
+def test_the_peer_ratio_is_unpaired_with_a_welch_interval() -> None:
+    """Two runs' repeats are not paired: the ratio is of geometric means, its interval
+    Welch's on the log throughputs (exact when both sides are constant)."""
+    import math
+
+    def cell(label: str, repeat: int, tok_s: float) -> SimpleNamespace:
+        return SimpleNamespace(label=label, gamma=None, temperature=0.0, concurrency=4,
+                               repeat=repeat, throughput_tok_s=tok_s, tpot_p50_s=None,
+                               block_efficiency=None, mean_gamma=None, errors=0)
+
+    ours = [cell("ar", r, x) for r, x in enumerate([10.0, 12.0, 11.0])]
+    theirs = [cell("peer", r, x) for r, x in enumerate([5.0, 5.0, 5.0])]
+    slower = [cell("peer-b", r, 4.0) for r in range(3)]
+    (entry,) = serve_report.peer_comparisons(ours + theirs + slower, {"peer", "peer-b"})
+    assert entry["config"] == "ar" and entry["peer"] == "peer"
+    gm = math.exp(sum(math.log(x) for x in (10.0, 12.0, 11.0)) / 3)
+    assert entry["throughput"]["ratio"] == pytest.approx(gm / 5.0)
+    lo, hi = entry["throughput"]["ci"]
+    assert lo < gm / 5.0 < hi and hi / lo > 1.1  # ours vary, so the interval has width
+    (flat,) = serve_report.peer_comparisons(theirs + slower, {"peer-b"})
+    assert flat["throughput"]["ratio"] == pytest.approx(1.25)
+    assert flat["throughput"]["ci"] == pytest.approx([1.25, 1.25])
 
 
 _FAKE_VLLM = textwrap.dedent("""

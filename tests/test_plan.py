@@ -158,7 +158,39 @@ def test_gamma_auto_pools_acceptance_per_method_and_warp() -> None:
     target, draft = RandomContextLM(2, seed=1), RandomContextLM(2, seed=2)
     greedy = pair_history(target, draft, "block", Sampling(temperature=0.0))
     assert pair_history(target, draft, "block", Sampling(temperature=0.0)) is greedy
+    assert pair_history(target, draft, "block", Sampling(temperature=0)) is greedy
+    sampled = pair_history(target, draft, "block", Sampling(temperature=1.0))
+    assert pair_history(target, draft, "block", Sampling(temperature=1, top_p=1.0)) is sampled
+    assert pair_history(target, draft, "block", Sampling(temperature=1, top_p=0.9)) \
+        is not sampled
     assert pair_history(target, draft, "block", Sampling(temperature=1.0)) is not greedy
     assert pair_history(target, draft, "token", Sampling(temperature=0.0)) is not greedy
     assert pair_history(target, RandomContextLM(2, seed=3), "block",
                         Sampling(temperature=0.0)) is not greedy
+
+
+def test_engines_of_a_pair_carry_what_they_learned_to_the_next_call() -> None:
+    """The iteration times γ auto learns (pass shapes, the engine's own time) outlive one
+    ``generate_batch`` call: the next call of the same pair continues from them, a fixed γ
+    does not feed them, and another pair has its own."""
+    from verispec.api import generate_batch
+    from verispec.plan import pair_overhead
+
+    target, draft = RandomContextLM(3, seed=1), RandomContextLM(3, seed=2)
+    prompts = [[0, 1], [1, 2], [2, 0]]
+
+    def run(gamma: int | str) -> None:
+        generate_batch(target, draft, prompts, method="block", gamma=gamma, seeds=[0, 1, 2],
+                       max_new_tokens=6, temperature=1.0)
+
+    run("auto")
+    learned = pair_overhead(target, draft, len(prompts))
+    first = learned.iterations
+    assert first > 0
+    run("auto")
+    assert pair_overhead(target, draft, len(prompts)) is learned
+    second = learned.iterations
+    assert second > first
+    run(2)
+    assert learned.iterations == second
+    assert pair_overhead(target, RandomContextLM(3, seed=3), len(prompts)) is not learned

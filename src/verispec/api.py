@@ -29,6 +29,7 @@ from verispec.plan import (
     make_drafter,
     pair_costs,
     pair_history,
+    pair_overhead,
     plan_request,
 )
 from verispec.sampling import Randomness
@@ -124,6 +125,14 @@ class _Run:
     def policy(self, rows: int = 1) -> GammaPolicy:
         return gamma_policy(self.plan, self.pair.target, self.pair.draft, self.drafter, rows)
 
+    def engine(self, rows: int = 1) -> Engine:
+        """A fresh engine of ``rows`` rows over the target's weights; for γ auto with the
+        iteration times the pair's earlier engines measured (:func:`pair_overhead`)."""
+        draft = self.pair.draft
+        auto = self.plan.gamma == "auto" and self.drafter is not None and draft is not None
+        overhead = pair_overhead(self.pair.target, draft, rows) if auto else None
+        return Engine(self.pair.target.spawn(), batch_size=rows, overhead=overhead)
+
 
 def _prepare(target: str | CausalLM, draft: str | CausalLM | None, config: RequestConfig,
              progress: Callable[[str], None] | None, batched: bool = False) -> _Run:
@@ -209,7 +218,7 @@ def generate(
         else:
             request = Request(ids, plan.engine_method, plan.sampling, max_new_tokens, random,
                               run.policy(), run.drafter, on_tokens, ignore_eos=ignore_eos)
-            engine = Engine(tgt.spawn())  # a fresh cache over the same weights
+            engine = run.engine()  # a fresh cache over the same weights
             out = engine.run([request])[0]
             out.stats.target_passes = engine.passes
     out.stats.energy_joules, out.stats.energy_source = meter.joules, meter.source
@@ -276,7 +285,7 @@ def generate_batch(
         raise ValueError(f"{plan.info.name} runs by a schedule of its own and cannot share a "
                          "batch; use generate() for each prompt")
     tgt = run.pair.target
-    engine = Engine(tgt.spawn(), batch_size=len(prompts) if batch_size is None else batch_size)
+    engine = run.engine(len(prompts) if batch_size is None else batch_size)
     requests = _batch_requests(run, engine.batch_size, prompts, seeds, budgets, on_tokens,
                                ignore_eos)
     start = time.perf_counter()

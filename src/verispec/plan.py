@@ -22,6 +22,7 @@ from typing import Any
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
+from verispec.engine.batch_gamma import IterationOverhead
 from verispec.engine.costs import BATCH_ROWS, measure_costs
 from verispec.engine.gamma import AutoGamma, FixedGamma, GammaPolicy, PairHistory, PassCosts
 from verispec.engine.history import pair_history_for
@@ -43,6 +44,7 @@ __all__ = [
     "make_drafter",
     "pair_costs",
     "pair_history",
+    "pair_overhead",
     "plan_request",
 ]
 
@@ -266,6 +268,9 @@ def make_drafter(target: CausalLM, draft: CausalLM | None, method: Method, *,
 _COSTS: weakref.WeakKeyDictionary[
     CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[tuple[int, ...], PassCosts]]] = \
     weakref.WeakKeyDictionary()
+_OVERHEAD: weakref.WeakKeyDictionary[
+    CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[int, IterationOverhead]]] = \
+    weakref.WeakKeyDictionary()
 _HISTORY: weakref.WeakKeyDictionary[
     CausalLM, weakref.WeakKeyDictionary[CausalLM, dict[tuple[object, ...], PairHistory]]] = \
     weakref.WeakKeyDictionary()
@@ -290,6 +295,18 @@ def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
     return held[grid]
 
 
+def pair_overhead(target: CausalLM, draft: CausalLM, rows: int = 1) -> IterationOverhead:
+    """What the engines of this process have learned about the pair's iterations on the
+    grid :func:`pair_costs` gives for ``rows`` (the passes' measured shapes and level, the
+    engine's own time): one per pair and grid, shared by every engine that decodes γ auto
+    requests of the pair, so a ``generate`` or ``generate_batch`` call starts from what the
+    calls before it measured instead of from the start-up grid alone. Everything in it was
+    measured on earlier iterations, so a γ chosen from it still depends only on the past."""
+    grid = pair_costs(target, draft, rows).batch
+    per_draft = _OVERHEAD.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft, {})
+    return per_draft.setdefault(id(grid), IterationOverhead())
+
+
 def pair_history(target: CausalLM, draft: CausalLM, method: str = "",
                  sampling: Sampling | None = None) -> PairHistory:
     """The pair's acceptance pooled over the requests that share the method and the
@@ -298,12 +315,18 @@ def pair_history(target: CausalLM, draft: CausalLM, method: str = "",
     does not start one kind of request from the other's acceptance. One history per
     process, which starts from the counts recorded by earlier processes where the models
     were loaded from a directory (:mod:`verispec.engine.history`)."""
-    warp = (None if sampling is None
-            else (sampling.temperature, sampling.top_k, sampling.top_p))
+    warp = None if sampling is None else _warp_key(sampling)
     per_draft = _HISTORY.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft, {})
     if (method, warp) not in per_draft:
         per_draft[(method, warp)] = pair_history_for(target, draft, method, warp)
     return per_draft[(method, warp)]
+
+
+def _warp_key(sampling: Sampling) -> tuple[float, int | None, float | None]:
+    """The sampling warp as one key per law: ``temperature=0`` and ``0.0`` are one warp, and
+    so are ``top_p`` None and 1.0 (both keep every token)."""
+    top_p = None if sampling.top_p is None or sampling.top_p >= 1.0 else float(sampling.top_p)
+    return float(sampling.temperature), sampling.top_k, top_p
 
 
 def gamma_policy(plan: RequestPlan, target: CausalLM, draft: CausalLM | None,

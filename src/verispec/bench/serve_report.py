@@ -20,7 +20,11 @@ cells of several reports (say verispec's, ``vllm-plain``'s and ``vllm-spec-k4``'
 one report whose tables show every config's rows side by side; each source's config, peer
 and machine are kept under ``sources``. A label already taken by an earlier report gets
 `` @FILE-STEM`` appended; γ auto is compared within each report only, so two runs'
-repeats are never paired.
+repeats are never paired. Where peers' reports are merged with verispec's, one more table
+puts **verispec's best against the peers' best** at every temperature and concurrency (best:
+the config of highest mean throughput on each side): the ratio of the geometric means of
+the two configs' repeats, with a Welch t interval on the log throughputs (the two sides ran
+in different processes at different times, so their repeats are not paired).
 """
 
 from __future__ import annotations
@@ -35,10 +39,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
 
-from verispec.bench.metrics import paired_ratio_ci
+from verispec.bench.metrics import paired_ratio_ci, student_t_quantile
 
-__all__ = ["CellLike", "auto_comparisons", "main", "merge_reports", "render_comparisons",
-           "render_means"]
+__all__ = ["CellLike", "auto_comparisons", "main", "merge_reports", "peer_comparisons",
+           "render_comparisons", "render_means", "render_peer_comparisons"]
 
 
 class CellLike(Protocol):
@@ -142,22 +146,84 @@ def render_comparisons(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _unpaired(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """exp(mean log a − mean log b) with a Welch t interval (degrees of freedom rounded
+    down; none with fewer than two values on a side)."""
+    la, lb = [math.log(x) for x in a if x > 0], [math.log(x) for x in b if x > 0]
+    if not la or not lb:
+        return {"ratio": None, "ci": None, "repeats": [len(la), len(lb)]}
+    diff = statistics.fmean(la) - statistics.fmean(lb)
+    out: dict[str, Any] = {"ratio": math.exp(diff), "ci": None, "repeats": [len(la), len(lb)]}
+    if len(la) > 1 and len(lb) > 1:
+        va, vb = statistics.variance(la) / len(la), statistics.variance(lb) / len(lb)
+        if va + vb > 0:
+            df = (va + vb) ** 2 / (va ** 2 / (len(la) - 1) + vb ** 2 / (len(lb) - 1))
+            half = student_t_quantile(level, max(int(df), 1)) * math.sqrt(va + vb)
+        else:
+            half = 0.0
+        out["ci"] = [math.exp(diff - half), math.exp(diff + half)]
+    return out
+
+
+def peer_comparisons(cells: Sequence[CellLike], peers: set[str]) -> list[dict[str, Any]]:
+    """verispec's best config against the best of the ``peers`` (config labels) at every
+    temperature and concurrency where both sides ran."""
+    keyed = _by_key(cells)
+    out = []
+    for t, n in sorted({(t, n) for t, n, _ in keyed}):
+        here = {lab: reps for (t2, n2, lab), reps in keyed.items() if (t2, n2) == (t, n)}
+        ours = {lab: r for lab, r in here.items() if lab not in peers}
+        theirs = {lab: r for lab, r in here.items() if lab in peers}
+        if not ours or not theirs:
+            continue
+
+        def best(side: dict[str, dict[int, CellLike]]) -> str:
+            return max(side, key=lambda lab: statistics.fmean(
+                c.throughput_tok_s for c in side[lab].values()))
+
+        mine, peer = best(ours), best(theirs)
+        out.append({"temperature": t, "concurrency": n, "config": mine, "peer": peer,
+                    "throughput": _unpaired(
+                        [c.throughput_tok_s for c in ours[mine].values()],
+                        [c.throughput_tok_s for c in theirs[peer].values()])})
+    return out
+
+
+def render_peer_comparisons(entries: Sequence[dict[str, Any]]) -> str:
+    """The table of verispec's best against the peers' best (empty string without peers)."""
+    if not entries:
+        return ""
+    head = ["T", "clients", "verispec's best", "peers' best",
+            "throughput verispec / peer (95% CI)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in entries:
+        lines.append("| " + " | ".join([
+            f"{e['temperature']:g}", str(e["concurrency"]), e["config"], e["peer"],
+            _ratio(e["throughput"])]) + " |")
+    return "\n".join(lines)
+
+
 def merge_reports(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One report from ``(name, report)`` pairs: all cells, the tables over all of them,
     and each source's config, peer and machine under ``sources``."""
     cells: list[dict[str, Any]] = []
-    sources, comparisons = [], []
+    sources, comparisons, peers = [], [], set()
     for name, report in reports:
         taken = {c["label"] for c in cells}
         own = [{**c, "label": c["label"] + (f" @{name}" if c["label"] in taken else "")}
                for c in report["cells"]]
         comparisons += auto_comparisons([SimpleNamespace(**c) for c in own])  # within a run
         cells += own
+        if report.get("peer"):
+            peers |= {c["label"] for c in own}
         sources.append({"name": name, "config": report.get("config"),
                         "peer": report.get("peer"), "machine": report.get("machine")})
     rows: list[Any] = [SimpleNamespace(**c) for c in cells]
-    table = "\n\n".join(t for t in (render_means(rows), render_comparisons(comparisons)) if t)
-    return {"sources": sources, "cells": cells, "comparisons": comparisons, "markdown": table}
+    against = peer_comparisons(rows, peers)
+    table = "\n\n".join(t for t in (render_means(rows), render_comparisons(comparisons),
+                                     render_peer_comparisons(against)) if t)
+    return {"sources": sources, "cells": cells, "comparisons": comparisons,
+            "peer_comparisons": against, "markdown": table}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
