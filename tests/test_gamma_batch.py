@@ -125,6 +125,22 @@ def test_overhead_is_learned_from_iterations() -> None:
     assert learned.predict(3, 0) == pytest.approx(c0 + c1 * 3, rel=0.02)
 
 
+def test_plain_iterations_are_not_priced_with_the_drafting_rows_work() -> None:
+    """Drafting rows cost the engine work that plain rows do not (gathering and verifying
+    q): a batch of 8 rows that drafts 31 iterations in 32 and explores one plain iteration
+    predicts its plain iterations at their own time, not at the drafting rows' per-row
+    cost extrapolated to g = 0."""
+    plain_per_row, drafting_per_row, per_token = 0.0005, 0.0008, 0.0002
+    learned = IterationOverhead()
+    for i in range(320):
+        g = 0 if i % 32 == 0 else 2 + i % 2
+        own = plain_per_row * 8 + (drafting_per_row * 8 + per_token * 8 * g if g else 0.0)
+        learned.observe(8, g, own)
+    assert learned.own_time(8, 0) == pytest.approx(plain_per_row * 8, rel=0.05)
+    assert learned.own_time(8, 2) == pytest.approx(
+        (plain_per_row + drafting_per_row + 2 * per_token) * 8, rel=0.05)
+
+
 def _levelled(busy: int | None) -> IterationOverhead:
     """40 iterations of 1–3 rows, draft steps at 0.8× the grid, target passes at 1.25×, and
     3 ms of the engine's own; iteration ``busy`` has a target pass 10× slower."""

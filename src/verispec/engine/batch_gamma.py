@@ -223,15 +223,18 @@ class IterationOverhead:
       faster);
     * **the engine's own time** (what an iteration takes beyond the re-levelled passes: its
       work outside them, and what the grid's shape misses, such as a multi-token pass
-      dearer relative to a one-token pass than at start-up): c₀ + c₁·R + c₂·R·g, fitted by
-      least squares with exponential forgetting (:data:`OVERHEAD_DECAY` per iteration) and
-      a ridge toward 0 (:data:`OVERHEAD_RIDGE`), never predicted negative.
+      dearer relative to a one-token pass than at start-up): c₀ + c₁·R + d·(c₂·R + c₃·R·g)
+      with d = 1 where the iteration drafts (g > 0: each drafting row's q is gathered and
+      verified, work a plain row does not do), fitted by least squares with exponential
+      forgetting (:data:`OVERHEAD_DECAY` per iteration) and a ridge toward 0
+      (:data:`OVERHEAD_RIDGE`), never predicted negative. Without the drafting term, a batch
+      that mostly drafts would price its plain iterations with the drafting rows' work.
 
     An iteration recorded without its pass times (``passes`` None) leaves the levels alone.
     Iterations of one row are recorded too: a request alone weighs the same time (R = 1)
     in its own choice."""
 
-    FEATURES = 3
+    FEATURES = 4
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter,
                  explore_every: int = EXPLORE_EVERY) -> None:
@@ -240,21 +243,22 @@ class IterationOverhead:
         self.explored = 0  # the iteration of the last exploration
         self.shapes = ShapeLevels()  # target passes per (rows, tokens)
         self.draft_shapes = ShapeLevels()  # draft steps per (rows, 1)
-        self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [3, 3]
-        self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [3]
-        self.coef = [0.0] * self.FEATURES  # c₀, c₁, c₂ as floats (predict runs per row and g)
+        self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [4, 4]
+        self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [4]
+        self.coef = [0.0] * self.FEATURES  # c₀..c₃ as floats (predict runs per row and g)
         self.iterations = 0
         self.draft_level, self.target_level = PassLevel(), PassLevel()
         self.grid: BatchCosts | None = None  # the grid the levels are relative to
 
     @staticmethod
     def _features(rows: int, g: int) -> torch.Tensor:
-        return torch.tensor([1.0, rows, rows * g], dtype=torch.float64)  # [3]
+        return torch.tensor([1.0, rows, rows * (g > 0), rows * g], dtype=torch.float64)  # [4]
 
     def own_time(self, rows: int, g: int) -> float:
         """The engine's own seconds per iteration beyond its passes (never negative)."""
-        c0, c1, c2 = self.coef
-        return max(c0 + c1 * rows + c2 * rows * g, 0.0)
+        c0, c1, c2, c3 = self.coef
+        drafting = c2 * rows + c3 * rows * g if g > 0 else 0.0
+        return max(c0 + c1 * rows + drafting, 0.0)
 
     def drift(self, rows: int, g: int) -> float:
         """Seconds the passes of an iteration now take beyond the grid's prediction."""
