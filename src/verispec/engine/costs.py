@@ -270,8 +270,9 @@ def grid_shapes(rows: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]
 
 
 def pair_key(target: CausalLM, draft: CausalLM, *parts: str) -> str:
-    """A record name for the pair on this machine: a hash of the model names, precisions
-    and variants, the machine signature and ``parts`` (what else the record depends on)."""
+    """A record name for the pair and the machine it is measured on: a hash of the model
+    names, precisions and variants, the machine signature and ``parts`` (what else the
+    record depends on)."""
     int8 = "int8" in (target.precision, draft.precision)
     text = "|".join([target.name, target.precision, target.variant, draft.name,
                      draft.precision, draft.variant,
