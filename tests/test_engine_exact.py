@@ -150,23 +150,30 @@ def _auto_costs(draft_prefill: float = 0.0) -> PassCosts:
 
 
 #: A draft prefill cost at which a 5-token prompt with a budget of 4 decodes its first token
-#: without the draft (reading 5 × 0.045 s > 0.094 s saved per token × (0 + 4 / 2)) and
-#: drafts from the second (6 × 0.045 ≤ 0.094 × (1 + 2)).
-WAIT_ONE_TOKEN = 0.045
+#: without the draft (as every request does: its time to first token never includes the
+#: reading), its second too (reading 6 × 0.05 s > 0.094 s saved per token × (1 + 4 / 2)),
+#: and drafts from the third (7 × 0.05 ≤ 0.094 × (2 + 2)).
+WAIT_TWO_TOKENS = 0.05
 
 
 def test_gamma_auto_waits_until_the_draft_prefill_pays() -> None:
-    """A prompt the draft would read for longer than drafting saves is decoded plainly
-    until the output is long enough; a free prefill drafts at once; methods that always
-    need a draft never wait."""
-    policy = AutoGamma(_auto_costs(WAIT_ONE_TOKEN), max_gamma=3)
+    """The first token is decoded plainly; a prompt the draft would read for longer than
+    drafting saves is decoded plainly until the output is long enough; a free prefill
+    drafts from the second token; methods that always need a draft never wait."""
+    policy = AutoGamma(_auto_costs(WAIT_TWO_TOKENS), max_gamma=3)
     policy.start(5, 4)
-    assert policy.choose() == 0
-    policy.observe(0, 0)
+    for _ in range(2):
+        assert policy.choose() == 0
+        policy.observe(0, 0)
     assert policy.choose() > 0
-    eager = AutoGamma(_auto_costs(), max_gamma=3)
+    eager = AutoGamma(_auto_costs(0.01), max_gamma=3)
     eager.start(2, 4)
+    assert eager.choose() == 0  # the first token, before any reading
+    eager.observe(0, 0)
     assert eager.choose() > 0
+    free = AutoGamma(_auto_costs(), max_gamma=3)  # a draft that reads for free
+    free.start(2, 4)
+    assert free.choose() > 0
     never = AutoGamma(_auto_costs(100.0), max_gamma=3)
     never.start(500, 64)
     for _ in range(64):
@@ -183,6 +190,12 @@ def _history(accepted: float, tested: float) -> PairHistory:
     return history
 
 
+def _first_token(policy: AutoGamma) -> None:
+    """The request's first token: decoded plainly (the draft has not read the prompt)."""
+    assert policy.reading_deferred and policy.choose() == 0
+    policy.observe(0, 0)
+
+
 def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     """A pair whose earlier requests accepted most drafts starts the next request's draft at
     once where the default prior would wait; one that accepted few waits; a request's own
@@ -190,20 +203,24 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     costs, prompt, budget = _auto_costs(0.06), 5, 4
     default = AutoGamma(costs, max_gamma=3)
     default.start(prompt, budget)
+    _first_token(default)
     assert default.choose() == 0  # waits for the output to prove long
     good = AutoGamma(costs, max_gamma=3, history=_history(0.95 * HISTORY_MIN, HISTORY_MIN))
     good.start(prompt, budget)
+    _first_token(good)
     assert good.choose() > 0
     young = _history(0.95 * (HISTORY_MIN - 1), HISTORY_MIN - 1)  # too few positions yet
     assert AutoGamma(costs, history=young).prior == AutoGamma(costs).prior
     never = AutoGamma(_auto_costs(100.0), max_gamma=3, history=PairHistory())
     never.start(500, 64)  # a new pair drafts (and reads the prompt) whatever the costs say
+    _first_token(never)
     assert never.choose() >= 1
     never.observe(1, 0)
     assert never.history.tested == 1 and never.choose() >= 1  # type: ignore[union-attr]
     poor = _history(0.1 * HISTORY_MIN, HISTORY_MIN)
     bad = AutoGamma(costs, max_gamma=3, history=poor)
     bad.start(prompt, budget)
+    _first_token(bad)
     assert bad.choose() == 0
     good.observe(3, 2)
     assert good.history is not None and good.history.tested == HISTORY_MIN + 3
@@ -211,13 +228,14 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     late = AutoGamma(costs, max_gamma=3, history=pooled)  # made before the pair is known,
     late.start(prompt, budget)  # as a batch's requests are
     pooled.add(0.95 * HISTORY_MIN, HISTORY_MIN)  # earlier requests finish first
+    _first_token(late)
     assert late.choose() > 0 and late.prior == 0.95  # read at its first choice
     pooled.add(0, 10 * HISTORY_MIN)
     assert late.prior == 0.95  # and fixed from then on
 
 
 @pytest.mark.parametrize("history", [None, "learned"])
-@pytest.mark.parametrize("draft_prefill", [0.0, WAIT_ONE_TOKEN])
+@pytest.mark.parametrize("draft_prefill", [0.0, WAIT_TWO_TOKENS])
 @pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
 def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: float,
                                                  history: str | None) -> None:

@@ -13,10 +13,12 @@ from types import SimpleNamespace
 import pytest
 from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS
 
-from verispec.engine.batch_gamma import (EXPLORE_EVERY, SHAPE_FRESH, SHAPE_TRUSTED, SLOPE_SPAN,
-                                         IterationOverhead, ShapeLevels, choose_gammas)
+from verispec.engine.batch_gamma import (EXPLORE_EVERY, READING_MARGIN, SHAPE_FRESH,
+                                         SHAPE_TRUSTED, SLOPE_SPAN, IterationOverhead, RowDemand,
+                                         ShapeLevels, batch_choice, batch_rate, choose_gammas,
+                                         reading_choice)
 from verispec.engine.costs import BatchCosts
-from verispec.engine.gamma import AutoGamma
+from verispec.engine.gamma import AutoGamma, FixedGamma
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -183,3 +185,61 @@ def test_draft_steps_are_predicted_per_row_count() -> None:
     assert overhead.drift(1, 4) == pytest.approx(0.0, abs=1e-12)
     assert overhead.drift(8, 4) == pytest.approx(0.5 * 4 * CHEAP_TOKENS.draft_step(8))
     assert overhead.draft_level.scale == pytest.approx(1.25)  # the median of all steps
+
+
+def _record(overhead: IterationOverhead, policy: object, rows: int, g: int, grid: BatchCosts,
+            times: int = SHAPE_TRUSTED) -> None:
+    """``times`` iterations of ``rows`` rows of ``policy`` at longest draft g, every pass at
+    the grid's time."""
+    batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * rows
+    passes = (g * grid.draft_step(rows), grid.target_pass(rows, g + 1))
+    for _ in range(times):
+        overhead.record(batch, [g] * rows, sum(passes), passes)  # type: ignore[arg-type]
+
+
+def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> None:
+    """8 rows whose drafts have not read, the readings at 0.9× what drafting saves by the
+    grid: with the grid's shapes unmeasured, each side is taken READING_MARGIN against the
+    reading and the batch decodes plainly; once the plain and the drafting shapes have
+    been measured (at the grid's times), the same readings are paid. Readings at 1.1×
+    the saving are not all paid."""
+    rows, tokens, alpha = 8, 48.0, 0.9
+    demands = [RowDemand(alpha, 0, MAX_GAMMA)] * rows
+    g = max(batch_choice(demands, CHEAP_TOKENS))
+    assert g > 0
+    saving = rows * tokens * (1 / batch_rate(demands, CHEAP_TOKENS, 0)
+                              - 1 / batch_rate(demands, CHEAP_TOKENS, g))
+    # the margin takes more than a tenth of the saving off: without it 0.9× would pay
+    margin_saving = rows * tokens * ((1 - READING_MARGIN) / batch_rate(demands, CHEAP_TOKENS, 0)
+                                     - (1 + READING_MARGIN) / batch_rate(demands, CHEAP_TOKENS, g))
+    assert margin_saving < 0.9 * saving
+    policy = AutoGamma(CHEAP_TOKENS.single(), max_gamma=MAX_GAMMA)
+    overhead: IterationOverhead | None = None
+
+    def reads(share: float) -> bool:
+        readings = {b: (share * saving / rows, tokens) for b in range(rows)}
+        choice, _ = reading_choice(demands, readings, CHEAP_TOKENS, overhead)
+        return min(choice) > 0  # all of them
+
+    assert reads(0.9) and not reads(1.1)  # no overhead: the grid is taken as measured
+    overhead = IterationOverhead()
+    assert not reads(0.9)
+    _record(overhead, policy, 1, 1, CHEAP_TOKENS)  # the grid is known, 8-row shapes are not
+    assert not overhead.measured(rows, 0) and not reads(0.9)
+    _record(overhead, policy, rows, 0, CHEAP_TOKENS)
+    assert overhead.measured(rows, 0) and not overhead.measured(rows, g)
+    _record(overhead, policy, rows, g, CHEAP_TOKENS)
+    assert overhead.measured(rows, g) and reads(0.9) and not reads(1.1)
+
+
+def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> None:
+    """An engine whose ``auto`` rows have given it a grid also times the iterations of rows
+    with a fixed γ: their passes cost what the same shapes cost any row. Before any
+    ``auto`` row, there is no grid to hold them against."""
+    overhead = IterationOverhead()
+    _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
+    assert overhead.iterations == 0 and not overhead.measured(8, 0)
+    _record(overhead, AutoGamma(CHEAP_TOKENS.single(), max_gamma=MAX_GAMMA), 1, 1,
+            CHEAP_TOKENS, times=1)
+    _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
+    assert overhead.measured(8, 0) and overhead.iterations == 1 + SHAPE_TRUSTED

@@ -25,7 +25,11 @@ where the batch choice itself gains enough by drafting it to repay the reading
 and the reading — during which every row of the batch waits — must be repaid over the
 row's payback tokens (:attr:`AutoGamma.payback_tokens`). A row's reading is thus never
 weighed against a batch in which every row drafts at its own α when the rows beside it
-would keep the batch plain.
+would keep the batch plain. A reading, once paid, is sunk, while decoding without it costs
+nothing irreversible: so a side whose pass shapes the engine has not measured recently is
+priced :data:`READING_MARGIN` against the reading (the drafting side dearer, the other
+cheaper). Where plain and drafting batches are predicted within that margin of each other
+from the grid alone, the batch decodes plainly, and measures the plain shape as it does.
 
 The choice depends only on the past (the rows' observed acceptances and the costs timed at
 start-up), never on the current draft, so every lossless method stays lossless. A batch of
@@ -73,7 +77,7 @@ from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED", "SLOPE_SPAN",
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED", "SLOPE_SPAN",
            "IterationOverhead", "PassLevel", "RowDemand", "ShapeLevels", "batch_choice",
            "choose_gammas", "explore", "reading_choice", "retimed"]
 
@@ -132,6 +136,11 @@ EXPLORE_MARGIN = 0.25
 #: Iterations between two explorations (at most 1 / EXPLORE_EVERY of the iterations decode
 #: plainly where that is predicted up to :data:`EXPLORE_MARGIN` slower).
 EXPLORE_EVERY = 32
+#: A reading is a cost sunk once paid: it is paid only where it pays with every iteration of a
+#: pass shape not measured recently predicted this fraction dearer on the drafting side and
+#: cheaper on the side without the reading (a grid's shape and level, carried to shapes not
+#: measured, err by about this much; two measured shapes are compared as measured).
+READING_MARGIN = 0.1
 
 
 class PassLevel:
@@ -184,6 +193,10 @@ class ShapeLevels:
 
     def fresh(self, shape: tuple[int, int], now: int) -> bool:
         return shape in self.seen and now - self.seen[shape] <= SHAPE_FRESH
+
+    def trusted(self, shape: tuple[int, int], now: int) -> bool:
+        """Fresh, and measured at least :data:`SHAPE_TRUSTED` times."""
+        return self.fresh(shape, now) and len(self.times[shape]) >= SHAPE_TRUSTED
 
     def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float]) -> float | None:
         """The predicted time of a pass of ``rows`` rows × k tokens (None: no fresh shape of
@@ -280,6 +293,14 @@ class IterationOverhead:
         drift = self.drift(rows, g)
         return (min(drift, 0.0) if optimistic else drift) + self.own_time(rows, g)
 
+    def measured(self, rows: int, g: int) -> bool:
+        """Whether the passes of an iteration of ``rows`` cache rows and longest draft g
+        (target pass and draft steps) are predicted from recent measurements of their
+        shapes (:meth:`ShapeLevels.trusted`) rather than from the grid."""
+        now = self.iterations
+        return self.shapes.trusted((rows, g + 1), now) and (
+            g == 0 or self.draft_shapes.trusted((rows, 1), now))
+
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
         engine's own time."""
@@ -294,8 +315,10 @@ class IterationOverhead:
                passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
-        against the grid of its ``auto`` rows, if they share one."""
-        costs = _shared_costs([r.request.gamma for r in rows])
+        against the grid of its ``auto`` rows, if they share one, or, for rows whose γ is
+        fixed, against the grid of earlier ``auto`` rows (their passes cost what the same
+        shapes cost any row)."""
+        costs = _shared_costs([r.request.gamma for r in rows], self.grid)
         if costs is None:
             return
         self.grid = costs
@@ -312,10 +335,10 @@ class IterationOverhead:
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
 
-def retimed(rows: Sequence[Row]) -> bool:
-    """Whether the γ of these rows is chosen from a measured grid (their iterations' pass
-    times are then worth measuring: :meth:`IterationOverhead.record`)."""
-    return _shared_costs([r.request.gamma for r in rows]) is not None
+def retimed(rows: Sequence[Row], overhead: IterationOverhead) -> bool:
+    """Whether the passes of an iteration over these rows are worth timing: they are
+    recorded against a measured grid (:meth:`IterationOverhead.record`)."""
+    return _shared_costs([r.request.gamma for r in rows], overhead.grid) is not None
 
 
 def _cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:
@@ -345,12 +368,14 @@ def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts,
     return [d.gamma(best) for d in demands]
 
 
-def _shared_costs(policies: Sequence[GammaPolicy]) -> BatchCosts | None:
-    """The batch grid every ``auto`` row shares (None: none, or several)."""
+def _shared_costs(policies: Sequence[GammaPolicy],
+                  default: BatchCosts | None = None) -> BatchCosts | None:
+    """The batch grid every ``auto`` row shares (None: several, or none and no ``default``:
+    the grid of rows none of which is ``auto``)."""
     grids = {id(p.costs.batch): p.costs.batch for p in policies if isinstance(p, AutoGamma)}
-    if len(grids) != 1:
+    if len(grids) > 1:
         return None
-    return next(iter(grids.values()))
+    return next(iter(grids.values())) if grids else default
 
 
 def _alone(row: Row, overhead: IterationOverhead) -> Callable[[int], float]:
@@ -397,10 +422,13 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
     rows; the readings, during which the whole batch waits, pay when their sum is at
     most that saving over the shortest payback of the readers. Where they do not, the
     reader whose reading is dearest per payback token is dropped and the rest weighed
-    again. A batch that would not draft the readers even so does not read for them."""
+    again. A batch that would not draft the readers even so does not read for them. With
+    ``overhead``, a side whose pass shapes it has not measured recently is taken
+    :data:`READING_MARGIN` against the reading (:func:`_bounded_seconds`); without, the
+    grid is taken as measured."""
     plain = [replace(d, floor=0, cap=0) if b in readings else d for b, d in enumerate(demands)]
     base = batch_choice(plain, costs, overhead)
-    base_seconds = 1.0 / batch_rate(plain, costs, max(base, default=0), overhead)  # 1 / r₀
+    base_seconds = _bounded_seconds(plain, costs, max(base, default=0), overhead, -1)  # 1 / r₀
     readers = dict(readings)
     while readers:
         trial = [d if b in readers or b not in readings else plain[b]
@@ -409,7 +437,7 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
         g = max(choice, default=0)
         if g == 0:
             break
-        saved = len(demands) * (base_seconds - 1.0 / batch_rate(trial, costs, g, overhead))
+        saved = len(demands) * (base_seconds - _bounded_seconds(trial, costs, g, overhead, 1))
         reading = sum(seconds for seconds, _ in readers.values())
         if reading <= saved * min(tokens for _, tokens in readers.values()):
             return choice, trial
@@ -417,9 +445,21 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
     return base, plain
 
 
+def _bounded_seconds(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
+                     overhead: IterationOverhead | None, side: int) -> float:
+    """Seconds per expected token of the batch at longest draft g (1 / :func:`batch_rate`),
+    ``side`` · :data:`READING_MARGIN` more (side 1) or less (side −1) where ``overhead``
+    has not measured the iteration's pass shapes recently."""
+    seconds = 1.0 / batch_rate(demands, costs, g, overhead)
+    if overhead is None or overhead.measured(*_shape(demands, [d.gamma(g) for d in demands])):
+        return seconds
+    return seconds * (1.0 + side * READING_MARGIN)
+
+
 def _shape(demands: Sequence[RowDemand], gammas: Sequence[int]) -> tuple[int, int]:
-    """(cache rows, tokens per row) of the target pass of an iteration with these γs."""
-    return _cache_rows([d.forks for d in demands], gammas), max(gammas, default=0) + 1
+    """(cache rows, longest draft g) of an iteration with these γs: its target pass is
+    cache rows × (g + 1) tokens."""
+    return _cache_rows([d.forks for d in demands], gammas), max(gammas, default=0)
 
 
 def explore(choice: list[int], demands: Sequence[RowDemand], costs: BatchCosts,
@@ -436,8 +476,9 @@ def explore(choice: list[int], demands: Sequence[RowDemand], costs: BatchCosts,
     if now - overhead.explored < overhead.explore_every or g == 0:
         return choice
     gammas = [d.gamma(0) for d in demands]
-    shape = _shape(demands, gammas)
-    if (shape == _shape(demands, choice) or overhead.shapes.fresh(shape, now)
+    rows, plain_g = _shape(demands, gammas)
+    if ((rows, plain_g) == _shape(demands, choice)
+            or overhead.shapes.fresh((rows, plain_g + 1), now)
             or batch_rate(demands, costs, 0, overhead, optimistic=True)
             < (1.0 - EXPLORE_MARGIN) * batch_rate(demands, costs, g, overhead)):
         return choice

@@ -134,17 +134,18 @@ class AutoGamma:
     current.
 
     The draft model reads a request's context at its first draft, which costs
-    ``costs.draft_prefill`` per token. A request starts drafting once that reading is
+    ``costs.draft_prefill`` per token. The first token is always decoded plainly, so the
+    time to it never includes that reading. A request starts drafting once that reading is
     expected to pay back: when it costs no more than the time drafting saves (at the
     estimated α and best γ) over the tokens decoded so far plus ``PAYBACK_SHARE`` of the
-    budget. A short prompt drafts from the first token; a long one with a small budget is
+    budget. A short prompt drafts from the second token; a long one with a small budget is
     decoded plainly until its output proves long (as in ski rental: by the estimate, the
     wait loses at most what one reading costs). A request of fixed length (EOS ignored)
     knows how many tokens it has left: it reads as soon as they would repay the reading.
     While it waits it does not probe (a probe would need the reading). So that a
     pessimistic prior cannot keep a pair from ever drafting, requests with a
     :class:`PairHistory` that knows fewer than ``HISTORY_MIN`` positions draft at least one
-    token per iteration, from the first: they pay a prompt
+    token per iteration, from the second token: they pay a prompt
     reading to learn the pair's acceptance for the requests after them — alone, not in a
     batch: there a drafting row pads every row's pass to its block, which costs the batch
     more than the learning is worth. In a batch of several rows the engine chooses every
@@ -196,6 +197,8 @@ class AutoGamma:
 
     def choose(self, overhead: Overhead | None = None) -> int:
         self._first_choice()
+        if self.reading_deferred:
+            return 0
         gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma, overhead),
                     self.min_gamma)
         if self.learning:
@@ -214,6 +217,13 @@ class AutoGamma:
         else:
             self.idle = 0
         return gamma
+
+    @property
+    def reading_deferred(self) -> bool:
+        """The draft has not read the context and the request has no token yet: its first
+        token is decoded plainly, so that the time to it never includes the draft's reading
+        (nor, in a batch, the readings of rows admitted beside it)."""
+        return not self.drafting and self.emitted == 0
 
     def _reading_pays(self, saving: float) -> bool:
         """Whether the draft's reading of the context costs no more than ``saving`` (seconds
@@ -252,7 +262,7 @@ class AutoGamma:
         batch keeps at γ = 0 keeps its estimate of α until it drafts again (alone, it
         probes as before)."""
         self._first_choice()
-        return self.min_gamma, self.max_gamma
+        return self.min_gamma, 0 if self.reading_deferred else self.max_gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted > 0:

@@ -119,7 +119,7 @@ class Engine:
         if rows:
             start, read_before = self.overhead.clock(), _reading_time(rows)
             gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows], self.overhead)
-            timed = retimed(rows)  # the passes' times then feed the next choices
+            timed = retimed(rows, self.overhead)  # the passes' times then feed the next choices
             t0 = self.clock(timed)
             drafts = self._draft(rows, gammas)  # 1. draft
             t1 = self.clock(timed)
