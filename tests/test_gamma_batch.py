@@ -1,14 +1,12 @@
 """``--gamma auto`` in a batch: the draft lengths of all rows are chosen together from the
 measured cost of a batched pass, with no batch-size constant — whether speculation pays at
-8 rows follows from the cost grid alone; the choice keeps every lossless method exact; the
-pass costs are timed once per key and read back from disk.
+8 rows follows from the cost grid alone; the choice keeps every lossless method exact.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,13 +18,12 @@ from verispec.checks import TOLERANCE
 from verispec.engine import batch_gamma, loop
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, IterationOverhead, RowDemand, batch_choice,
                                          choose_gammas, reading_choice)
-from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, BatchCosts, measure_costs, timing_file
+from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
 from verispec.methods import build_method
-from verispec.models import timing
 from verispec.models.toy import RandomContextLM
 from verispec.sampling import Randomness, Sampling
 from verispec.theory.exact import target_law, tv_distance
@@ -576,46 +573,3 @@ def test_the_batched_harness_catches_a_biased_verifier() -> None:
     law = engine_law(run, rows=2)
     assert max(tv_distance(marginal(law, b), target_law(target, p, Sampling(), n))
                for b, (p, n) in enumerate(zip(prompts, budgets, strict=True))) > 1e-3
-
-
-def _named(model: RandomContextLM, name: str) -> RandomContextLM:
-    """A toy model that poses as one loaded from a directory (so its costs are recorded)."""
-    model.name = name
-    model.source = f"/models/{name}"  # type: ignore[attr-defined]
-    return model
-
-
-def test_pass_costs_are_timed_once_per_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The second measurement with the same models, machine and grid reads the record
-    (no timing); another key is timed again."""
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
-    calls: list[int] = []
-    real = timing.grid_costs
-
-    def counted(*args: object, **kw: object) -> object:
-        calls.append(1)
-        return real(*args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(timing, "grid_costs", counted)
-    target, draft = _named(RandomContextLM(3, seed=1), "target-a"), \
-        _named(RandomContextLM(3, seed=2), "draft-a")
-    first = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
-    assert len(calls) == 1 and first.batch is not None
-    assert sorted(first.target) == list(PROBE_SIZES) and first.batch.rows == (1, 2)
-    assert first.batch.ks(2) == tuple(k for k in PROBE_SIZES if k <= BATCH_MAX_K)
-    assert list((tmp_path / "timing").glob("*.json"))
-    again = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
-    assert len(calls) == 1 and again == first and again.batch == first.batch
-    other = _named(RandomContextLM(3, seed=2), "draft-b")
-    measure_costs(target, other, context=8, reps=1, rows=(1, 2))
-    assert len(calls) == 2
-    measure_costs(target, draft, context=8, reps=1, rows=(1, 2, 4))
-    assert len(calls) == 3
-    measure_costs(target, draft, context=8, reps=1, rows=(1, 2), refresh=True)
-    assert len(calls) == 4
-    assert timing_file("x").parent == tmp_path / "timing"
-    records = set((tmp_path / "timing").glob("*.json"))
-    in_memory = RandomContextLM(3, seed=3), RandomContextLM(3, seed=4)  # no source: never kept
-    measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
-    measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
-    assert len(calls) == 6 and set((tmp_path / "timing").glob("*.json")) == records

@@ -1,0 +1,58 @@
+"""γ auto's pass costs are timed once per key (models, machine, grid) and read back from
+disk; models with no source on disk are never recorded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, measure_costs, timing_file
+from verispec.models import timing
+from verispec.models.toy import RandomContextLM
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _named(model: RandomContextLM, name: str) -> RandomContextLM:
+    """A toy model that poses as one loaded from a directory (so its costs are recorded)."""
+    model.name = name
+    model.source = f"/models/{name}"  # type: ignore[attr-defined]
+    return model
+
+
+def test_pass_costs_are_timed_once_per_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second measurement with the same models, machine and grid reads the record
+    (no timing); another key is timed again."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    calls: list[int] = []
+    real = timing.grid_costs
+
+    def counted(*args: object, **kw: object) -> object:
+        calls.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(timing, "grid_costs", counted)
+    target, draft = _named(RandomContextLM(3, seed=1), "target-a"), \
+        _named(RandomContextLM(3, seed=2), "draft-a")
+    first = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 1 and first.batch is not None
+    assert sorted(first.target) == list(PROBE_SIZES) and first.batch.rows == (1, 2)
+    assert first.batch.ks(2) == tuple(k for k in PROBE_SIZES if k <= BATCH_MAX_K)
+    assert list((tmp_path / "timing").glob("*.json"))
+    again = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 1 and again == first and again.batch == first.batch
+    other = _named(RandomContextLM(3, seed=2), "draft-b")
+    measure_costs(target, other, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 2
+    measure_costs(target, draft, context=8, reps=1, rows=(1, 2, 4))
+    assert len(calls) == 3
+    measure_costs(target, draft, context=8, reps=1, rows=(1, 2), refresh=True)
+    assert len(calls) == 4
+    assert timing_file("x").parent == tmp_path / "timing"
+    records = set((tmp_path / "timing").glob("*.json"))
+    in_memory = RandomContextLM(3, seed=3), RandomContextLM(3, seed=4)  # no source: never kept
+    measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
+    measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
+    assert len(calls) == 6 and set((tmp_path / "timing").glob("*.json")) == records
