@@ -233,9 +233,10 @@ def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> No
 
 
 def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> None:
-    """An engine whose ``auto`` rows have given it a grid also times the iterations of rows
-    with a fixed γ: their passes cost what the same shapes cost any row. Before any
-    ``auto`` row, there is no grid to hold them against."""
+    """An engine whose ``auto`` rows have given it a grid also times the plain iterations
+    of rows with a fixed γ: their passes cost what the same shapes cost any row. Before any
+    ``auto`` row, there is no grid to hold them against; fixed rows that draft are not
+    recorded (their drafter need not be the grid's)."""
     overhead = IterationOverhead()
     _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
     assert overhead.iterations == 0 and not overhead.measured(8, 0)
@@ -243,3 +244,5 @@ def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> N
             CHEAP_TOKENS, times=1)
     _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
     assert overhead.measured(8, 0) and overhead.iterations == 1 + SHAPE_TRUSTED
+    _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS)
+    assert not overhead.measured(8, 2) and overhead.iterations == 1 + SHAPE_TRUSTED

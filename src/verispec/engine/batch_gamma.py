@@ -77,9 +77,9 @@ from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED", "SLOPE_SPAN",
-           "IterationOverhead", "PassLevel", "RowDemand", "ShapeLevels", "batch_choice",
-           "choose_gammas", "explore", "reading_choice", "retimed"]
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED",
+           "SLOPE_SPAN", "IterationOverhead", "PassLevel", "RowDemand", "ShapeLevels",
+           "batch_choice", "choose_gammas", "explore", "reading_choice", "retimed"]
 
 
 @dataclass(frozen=True)
@@ -315,11 +315,14 @@ class IterationOverhead:
                passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
-        against the grid of its ``auto`` rows, if they share one, or, for rows whose γ is
-        fixed, against the grid of earlier ``auto`` rows (their passes cost what the same
-        shapes cost any row)."""
-        costs = _shared_costs([r.request.gamma for r in rows], self.grid)
-        if costs is None:
+        against the grid of its ``auto`` rows, if they share one, or, for a plain iteration
+        of rows whose γ is fixed, against the grid of earlier ``auto`` rows (its target pass
+        costs what the same shape costs any row; fixed rows that draft are not recorded:
+        their drafter need not be the one the grid timed)."""
+        policies = [r.request.gamma for r in rows]
+        costs = _shared_costs(policies, self.grid)
+        if costs is None or (max(gammas, default=0) > 0
+                             and not any(isinstance(p, AutoGamma) for p in policies)):
             return
         self.grid = costs
         cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
