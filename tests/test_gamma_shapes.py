@@ -188,10 +188,11 @@ def test_draft_steps_are_predicted_per_row_count() -> None:
 
 
 def _record(overhead: IterationOverhead, policy: object, rows: int, g: int, grid: BatchCosts,
-            times: int = SHAPE_TRUSTED) -> None:
-    """``times`` iterations of ``rows`` rows of ``policy`` at longest draft g, every pass at
-    the grid's time."""
-    batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * rows
+            times: int = SHAPE_TRUSTED, drafter: object = None) -> None:
+    """``times`` iterations of ``rows`` rows of ``policy`` (drafting with ``drafter``) at
+    longest draft g, every pass at the grid's time."""
+    request = SimpleNamespace(gamma=policy, drafter=drafter)
+    batch = [SimpleNamespace(request=request, num_drafts=1)] * rows
     passes = (g * grid.draft_step(rows), grid.target_pass(rows, g + 1))
     for _ in range(times):
         overhead.record(batch, [g] * rows, sum(passes), passes)  # type: ignore[arg-type]
@@ -233,16 +234,19 @@ def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> No
 
 
 def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> None:
-    """An engine whose ``auto`` rows have given it a grid also times the plain iterations
-    of rows with a fixed γ: their passes cost what the same shapes cost any row. Before any
-    ``auto`` row, there is no grid to hold them against; fixed rows that draft are not
-    recorded (their drafter need not be the grid's)."""
+    """An engine whose ``auto`` rows have given it a grid also times the iterations of rows
+    with a fixed γ: their passes cost what the same shapes cost any row. Before any
+    ``auto`` row, there is no grid to hold them against; fixed rows that draft with another
+    drafter than the ``auto`` rows' are not recorded (the grid did not time it)."""
+    model, ngram = object(), object()
     overhead = IterationOverhead()
     _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
     assert overhead.iterations == 0 and not overhead.measured(8, 0)
     _record(overhead, AutoGamma(CHEAP_TOKENS.single(), max_gamma=MAX_GAMMA), 1, 1,
-            CHEAP_TOKENS, times=1)
+            CHEAP_TOKENS, times=1, drafter=model)
     _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
     assert overhead.measured(8, 0) and overhead.iterations == 1 + SHAPE_TRUSTED
-    _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS)
+    _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS, drafter=ngram)
     assert not overhead.measured(8, 2) and overhead.iterations == 1 + SHAPE_TRUSTED
+    _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS, drafter=model)
+    assert overhead.measured(8, 2) and overhead.iterations == 1 + 2 * SHAPE_TRUSTED

@@ -262,6 +262,7 @@ class IterationOverhead:
         self.iterations = 0
         self.draft_level, self.target_level = PassLevel(), PassLevel()
         self.grid: BatchCosts | None = None  # the grid the levels are relative to
+        self.drafters: set[int] = set()  # ids of the drafters of the auto rows recorded
 
     @staticmethod
     def _features(rows: int, g: int) -> torch.Tensor:
@@ -315,14 +316,19 @@ class IterationOverhead:
                passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
-        against the grid of its ``auto`` rows, if they share one, or, for a plain iteration
-        of rows whose γ is fixed, against the grid of earlier ``auto`` rows (its target pass
-        costs what the same shape costs any row; fixed rows that draft are not recorded:
-        their drafter need not be the one the grid timed)."""
+        against the grid of its ``auto`` rows, if they share one, or, for rows whose γ is
+        fixed, against the grid of earlier ``auto`` rows (their passes cost what the same
+        shapes cost any row) where every row that drafts uses a drafter of those ``auto``
+        rows (another drafter, an n-gram table say, is not what the grid timed)."""
         policies = [r.request.gamma for r in rows]
         costs = _shared_costs(policies, self.grid)
-        if costs is None or (max(gammas, default=0) > 0
-                             and not any(isinstance(p, AutoGamma) for p in policies)):
+        drafting = [(id(getattr(r.request, "drafter", None)), isinstance(policy, AutoGamma))
+                    for r, policy, gamma in zip(rows, policies, gammas, strict=True) if gamma > 0]
+        if any(isinstance(p, AutoGamma) for p in policies):
+            self.drafters |= {drafter for drafter, auto in drafting if auto}
+        elif not {drafter for drafter, _ in drafting} <= self.drafters:
+            return
+        if costs is None:
             return
         self.grid = costs
         cache_rows = _cache_rows([r.num_drafts for r in rows], gammas)
