@@ -79,7 +79,7 @@ from verispec.engine.request import Row
 
 __all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED",
            "SLOPE_SPAN", "IterationOverhead", "PassLevel", "RowDemand", "ShapeLevels",
-           "batch_choice", "choose_gammas", "explore", "reading_choice", "retimed"]
+           "batch_choice", "choose_gammas", "explore", "reading_choice"]
 
 
 @dataclass(frozen=True)
@@ -312,22 +312,26 @@ class IterationOverhead:
         self.coef = torch.linalg.solve(self.gram + ridge, self.moment).tolist()
         self.iterations += 1
 
+    def grid_for(self, rows: Sequence[Row], gammas: Sequence[int]) -> BatchCosts | None:
+        """The grid an iteration over ``rows`` with these γs is recorded against (None: it
+        is not recorded, so its passes need no timing): its ``auto`` rows' grid, if they
+        share one, or, for rows whose γ is fixed, the grid of earlier ``auto`` rows (their
+        passes cost what the same shapes cost any row) where every row that drafts uses a
+        drafter of those ``auto`` rows (another drafter, an n-gram table say, is not what
+        the grid timed)."""
+        policies = [r.request.gamma for r in rows]
+        if not any(isinstance(p, AutoGamma) for p in policies) \
+                and not _drafters(rows, gammas) <= self.drafters:
+            return None
+        return _shared_costs(policies, self.grid)
+
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float,
                passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
-        against the grid of its ``auto`` rows, if they share one, or, for rows whose γ is
-        fixed, against the grid of earlier ``auto`` rows (their passes cost what the same
-        shapes cost any row) where every row that drafts uses a drafter of those ``auto``
-        rows (another drafter, an n-gram table say, is not what the grid timed)."""
-        policies = [r.request.gamma for r in rows]
-        costs = _shared_costs(policies, self.grid)
-        drafting = [(id(getattr(r.request, "drafter", None)), isinstance(policy, AutoGamma))
-                    for r, policy, gamma in zip(rows, policies, gammas, strict=True) if gamma > 0]
-        if any(isinstance(p, AutoGamma) for p in policies):
-            self.drafters |= {drafter for drafter, auto in drafting if auto}
-        elif not {drafter for drafter, _ in drafting} <= self.drafters:
-            return
+        against :meth:`grid_for` (if any)."""
+        self.drafters |= _drafters(rows, gammas, auto_only=True)
+        costs = self.grid_for(rows, gammas)
         if costs is None:
             return
         self.grid = costs
@@ -344,10 +348,12 @@ class IterationOverhead:
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
 
-def retimed(rows: Sequence[Row], overhead: IterationOverhead) -> bool:
-    """Whether the passes of an iteration over these rows are worth timing: they are
-    recorded against a measured grid (:meth:`IterationOverhead.record`)."""
-    return _shared_costs([r.request.gamma for r in rows], overhead.grid) is not None
+def _drafters(rows: Sequence[Row], gammas: Sequence[int], auto_only: bool = False) -> set[int]:
+    """Ids of the drafters of the rows that draft (γ > 0), of ``auto`` rows only if
+    ``auto_only``."""
+    return {id(getattr(r.request, "drafter", None))
+            for r, gamma in zip(rows, gammas, strict=True)
+            if gamma > 0 and (not auto_only or isinstance(r.request.gamma, AutoGamma))}
 
 
 def _cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:

@@ -29,7 +29,7 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Draft
-from verispec.engine.batch_gamma import IterationOverhead, choose_gammas, retimed
+from verispec.engine.batch_gamma import IterationOverhead, choose_gammas
 from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
 from verispec.engine.memory import keep_freed_memory
 from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
@@ -119,7 +119,8 @@ class Engine:
         if rows:
             start, read_before = self.overhead.clock(), _reading_time(rows)
             gammas = choose_gammas(rows, [self._room(r) - 1 for r in rows], self.overhead)
-            timed = retimed(rows, self.overhead)  # the passes' times then feed the next choices
+            # the passes' times feed the next choices where the iteration is recorded
+            timed = self.overhead.grid_for(rows, gammas) is not None
             t0 = self.clock(timed)
             drafts = self._draft(rows, gammas)  # 1. draft
             t1 = self.clock(timed)
