@@ -236,9 +236,11 @@ def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> No
 def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> None:
     """An engine whose ``auto`` rows have given it a grid also times the iterations of rows
     with a fixed γ: their passes cost what the same shapes cost any row. Before any
-    ``auto`` row, there is no grid to hold them against; fixed rows that draft with another
-    drafter than the ``auto`` rows' are not recorded (the grid did not time it)."""
-    model, ngram = object(), object()
+    ``auto`` row, there is no grid to hold them against; fixed rows that draft with a
+    drafter that steps unlike the ``auto`` rows' are not recorded (the grid did not time
+    it), and a drafter over the same draft weights counts as theirs."""
+    model, ngram = SimpleNamespace(cost_key=("model", 1)), SimpleNamespace(cost_key=("ngram",))
+    twin = SimpleNamespace(cost_key=("model", 1))  # another drafter over the same weights
     overhead = IterationOverhead()
     _record(overhead, FixedGamma(0), 8, 0, CHEAP_TOKENS)
     assert overhead.iterations == 0 and not overhead.measured(8, 0)
@@ -248,5 +250,5 @@ def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> N
     assert overhead.measured(8, 0) and overhead.iterations == 1 + SHAPE_TRUSTED
     _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS, drafter=ngram)
     assert not overhead.measured(8, 2) and overhead.iterations == 1 + SHAPE_TRUSTED
-    _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS, drafter=model)
+    _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS, drafter=twin)
     assert overhead.measured(8, 2) and overhead.iterations == 1 + 2 * SHAPE_TRUSTED

@@ -171,16 +171,18 @@ def test_gamma_auto_pools_acceptance_per_method_and_warp() -> None:
 
 def test_engines_of_a_pair_carry_what_they_learned_to_the_next_call() -> None:
     """The iteration times γ auto learns (pass shapes, the engine's own time) outlive one
-    ``generate_batch`` call: the next call of the same pair continues from them, a fixed γ
-    does not feed them, and another pair has its own."""
+    ``generate_batch`` call: the next call of the same pair continues from them, and so do
+    later calls with a fixed γ that decode plainly or draft with the same draft model (their
+    passes have the shapes γ auto prices; an n-gram drafter's are left out, see
+    ``tests/test_gamma_shapes.py``); another pair has its own."""
     from verispec.api import generate_batch
     from verispec.plan import pair_overhead
 
     target, draft = RandomContextLM(3, seed=1), RandomContextLM(3, seed=2)
     prompts = [[0, 1], [1, 2], [2, 0]]
 
-    def run(gamma: int | str) -> None:
-        generate_batch(target, draft, prompts, method="block", gamma=gamma, seeds=[0, 1, 2],
+    def run(gamma: int | str, method: str = "block") -> None:
+        generate_batch(target, draft, prompts, method=method, gamma=gamma, seeds=[0, 1, 2],
                        max_new_tokens=6, temperature=1.0)
 
     run("auto")
@@ -192,5 +194,8 @@ def test_engines_of_a_pair_carry_what_they_learned_to_the_next_call() -> None:
     second = learned.iterations
     assert second > first
     run(2)
-    assert learned.iterations == second
+    third = learned.iterations
+    assert third > second
+    run(0, method="ar")
+    assert learned.iterations > third
     assert pair_overhead(target, RandomContextLM(3, seed=3), len(prompts)) is not learned

@@ -26,6 +26,7 @@ from verispec.plan import (
     RequestConfig,
     RequestPlan,
     gamma_policy,
+    held_overhead,
     make_drafter,
     pair_costs,
     pair_history,
@@ -121,16 +122,24 @@ class _Run:
     plan: RequestPlan
     pair: Pair
     drafter: Drafter | None
+    #: The draft the caller gave as a loaded model, kept for fixed-γ runs that do not draft
+    #: with it: their iterations are recorded for the pair's γ auto (:func:`held_overhead`).
+    given_draft: CausalLM | None = None
 
     def policy(self, rows: int = 1) -> GammaPolicy:
         return gamma_policy(self.plan, self.pair.target, self.pair.draft, self.drafter, rows)
 
     def engine(self, rows: int = 1) -> Engine:
         """A fresh engine of ``rows`` rows over the target's weights; for γ auto with the
-        iteration times the pair's earlier engines measured (:func:`pair_overhead`)."""
+        iteration times the pair's earlier engines measured (:func:`pair_overhead`), and
+        for a fixed γ with that record where γ auto made one, so that its iterations
+        measure the shapes γ auto prices (:func:`held_overhead`)."""
         draft = self.pair.draft
         auto = self.plan.gamma == "auto" and self.drafter is not None and draft is not None
-        overhead = pair_overhead(self.pair.target, draft, rows) if auto else None
+        if auto:
+            overhead = pair_overhead(self.pair.target, draft, rows)
+        else:
+            overhead = held_overhead(self.pair.target, draft or self.given_draft, rows)
         return Engine(self.pair.target.spawn(), batch_size=rows, overhead=overhead)
 
 
@@ -145,7 +154,7 @@ def _prepare(target: str | CausalLM, draft: str | CausalLM | None, config: Reque
         draft_model = pair.draft.spawn() if pair.draft is not None else None
         maker = make_drafter(pair.target, draft_model, plan.engine_method, kind=config.drafter,
                              draft_stop=plan.draft_stop)
-    return _Run(plan, pair, maker)
+    return _Run(plan, pair, maker, draft if isinstance(draft, CausalLM) else None)
 
 
 def _notes(run: _Run) -> list[str]:

@@ -41,6 +41,7 @@ __all__ = [
     "check_gamma",
     "drafter_for",
     "gamma_policy",
+    "held_overhead",
     "make_drafter",
     "pair_costs",
     "pair_history",
@@ -305,6 +306,23 @@ def pair_overhead(target: CausalLM, draft: CausalLM, rows: int = 1) -> Iteration
     grid = pair_costs(target, draft, rows).batch
     per_draft = _OVERHEAD.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft, {})
     return per_draft.setdefault(id(grid), IterationOverhead())
+
+
+def held_overhead(target: CausalLM, draft: CausalLM | None,
+                  rows: int = 1) -> IterationOverhead | None:
+    """The record :func:`pair_overhead` holds for the pair at ``rows``, where an earlier
+    γ auto engine of this process made one, else None (nothing is timed here). Engines of
+    the pair's fixed-γ requests record their iterations into it (see
+    :meth:`IterationOverhead.grid_for`), as the rows of one server's engine do: their
+    passes measure the shapes γ auto prices."""
+    if draft is None:
+        return None
+    held = _COSTS.get(target, {}).get(draft, {})
+    reaching = [g for g in held if g[-1] >= rows]
+    if not reaching:
+        return None
+    grid = held[min(reaching, key=lambda g: g[-1])].batch
+    return _OVERHEAD.get(target, {}).get(draft, {}).get(id(grid))
 
 
 def pair_history(target: CausalLM, draft: CausalLM, method: str = "",

@@ -10,7 +10,7 @@ method for which that is exact; then q is not needed and not built).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +75,13 @@ class Drafter(ABC):
     def max_length(self) -> int | None:
         """Context window of the draft model (None: no limit of its own)."""
         return None
+
+    @property
+    def cost_key(self) -> Hashable:
+        """Equal for drafters whose steps cost alike (a model drafter: the draft's weights),
+        so that γ auto prices one drafter's steps by another's; this drafter alone by
+        default."""
+        return id(self)
 
     def admit(self, rows: Sequence[DraftRow]) -> None:
         """New requests join (a model drafter reads their context at their first draft)."""

@@ -57,6 +57,10 @@ class ModelDrafter(Drafter):
     def max_length(self) -> int | None:
         return self.model.max_length
 
+    @property
+    def cost_key(self) -> tuple[str, int]:
+        return ("model", self.model.weights_key)
+
     def row_calls(self, row_id: int) -> int:
         return self._row_calls.get(row_id, 0)
 

@@ -68,11 +68,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
+from verispec.drafters.base import Drafter
 from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
@@ -262,7 +263,7 @@ class IterationOverhead:
         self.iterations = 0
         self.draft_level, self.target_level = PassLevel(), PassLevel()
         self.grid: BatchCosts | None = None  # the grid the levels are relative to
-        self.drafters: set[int] = set()  # ids of the drafters of the auto rows recorded
+        self.drafters: set[Hashable] = set()  # cost keys of the auto rows' drafters recorded
 
     @staticmethod
     def _features(rows: int, g: int) -> torch.Tensor:
@@ -317,8 +318,8 @@ class IterationOverhead:
         is not recorded, so its passes need no timing): its ``auto`` rows' grid, if they
         share one, or, for rows whose γ is fixed, the grid of earlier ``auto`` rows (their
         passes cost what the same shapes cost any row) where every row that drafts uses a
-        drafter of those ``auto`` rows (another drafter, an n-gram table say, is not what
-        the grid timed)."""
+        drafter that steps like those ``auto`` rows' (:attr:`Drafter.cost_key`: the same
+        draft weights; an n-gram table, say, is not what the grid timed)."""
         policies = [r.request.gamma for r in rows]
         if not any(isinstance(p, AutoGamma) for p in policies) \
                 and not _drafters(rows, gammas) <= self.drafters:
@@ -348,12 +349,17 @@ class IterationOverhead:
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
 
-def _drafters(rows: Sequence[Row], gammas: Sequence[int], auto_only: bool = False) -> set[int]:
-    """Ids of the drafters of the rows that draft (γ > 0), of ``auto`` rows only if
-    ``auto_only``."""
-    return {id(getattr(r.request, "drafter", None))
+def _drafters(rows: Sequence[Row], gammas: Sequence[int],
+              auto_only: bool = False) -> set[Hashable]:
+    """Cost keys (:attr:`Drafter.cost_key`) of the drafters of the rows that draft (γ > 0),
+    of ``auto`` rows only if ``auto_only``."""
+    return {_cost_key(getattr(r.request, "drafter", None))
             for r, gamma in zip(rows, gammas, strict=True)
             if gamma > 0 and (not auto_only or isinstance(r.request.gamma, AutoGamma))}
+
+
+def _cost_key(drafter: Drafter | None) -> Hashable:
+    return None if drafter is None else drafter.cost_key
 
 
 def _cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:

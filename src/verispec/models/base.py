@@ -113,6 +113,12 @@ class CausalLM(ABC):
     def spawn(self) -> CausalLM:
         """An empty model with the same weights and a cache of its own."""
 
+    @property
+    def weights_key(self) -> int:
+        """Equal for models that share their weights (a model and its spawned twins), so
+        their passes cost alike; this model alone by default."""
+        return id(self)
+
     def reserve(self, rows: int) -> None:
         """Hint: room for ``rows`` rows live at once, allocated now so that admitting and
         forking rows up to that many never grows the cache (a no-op where nothing is

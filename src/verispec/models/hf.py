@@ -123,6 +123,10 @@ class HFCausalLM(CausalLM):
         return HFCausalLM(self.model, self.tokenizer, self.name, eos_token_ids=self.eos_token_ids,
                           max_length=self.max_length, precision=self.precision)
 
+    @property
+    def weights_key(self) -> int:
+        return id(self.model)
+
     def reset(self) -> None:
         self.cache.reset()
         self._lengths: list[int] = []

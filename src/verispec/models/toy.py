@@ -49,7 +49,12 @@ class TableLM(CausalLM):
         self.name = name
         self.precision = "float64"
         self.tokenizer = ToyTokenizer(vocab_size) if vocab_size <= 26 else None
+        self._weights_key = id(self)  # kept by spawn's copy: twins share their tables
         self.reset()
+
+    @property
+    def weights_key(self) -> int:
+        return self._weights_key
 
     def next_probs(self, context: Sequence[int]) -> Tensor:
         """[V] float64 distribution of the token after ``context``."""

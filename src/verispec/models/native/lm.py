@@ -121,6 +121,10 @@ class NativeCausalLM(CausalLM):
                               prefill_net=self.prefill_net, vocabulary=self.vocabulary,
                               online_rotations=self.online_rotations)
 
+    @property
+    def weights_key(self) -> int:
+        return id(self.net)
+
     def reset(self) -> None:
         self.cache.reset()
         self._lengths: list[int] = []
