@@ -198,25 +198,6 @@ def _record(overhead: IterationOverhead, policy: object, rows: int, g: int, grid
         overhead.record(batch, [g] * rows, sum(passes), passes)  # type: ignore[arg-type]
 
 
-def test_an_iteration_in_which_drafts_read_does_not_price_the_draft_steps() -> None:
-    """The first draft steps after a reading also feed the tokens decoded since: an
-    iteration whose drafts read, with draft steps at 3× the grid, leaves the draft steps'
-    level, shapes and the engine's own time alone and records its target pass; the same
-    iteration without a reading prices the draft steps at 3×."""
-    policy = AutoGamma(CHEAP_TOKENS.single(), max_gamma=MAX_GAMMA)
-    batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * 8
-    passes = (3 * 2 * CHEAP_TOKENS.draft_step(8), CHEAP_TOKENS.target_pass(8, 3))
-    read, plain = IterationOverhead(), IterationOverhead()
-    for overhead, reading in ((read, True), (plain, False)):
-        for _ in range(SHAPE_TRUSTED):
-            overhead.record(batch, [2] * 8, sum(passes) + 0.05, passes,  # type: ignore[arg-type]
-                            read=reading)
-    assert read.draft_level.scale == pytest.approx(1.0) and not read.measured(8, 2)
-    assert read.shapes.trusted((8, 3), read.iterations) and read.own_time(8, 2) == 0.0
-    assert plain.draft_level.scale == pytest.approx(3.0) and plain.measured(8, 2)
-    assert plain.own_time(8, 2) > 0.0
-
-
 def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> None:
     """8 rows whose drafts have not read, the readings at 0.9× what drafting saves by the
     grid: with the grid's shapes unmeasured, each side is taken READING_MARGIN against the

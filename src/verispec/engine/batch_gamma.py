@@ -327,13 +327,10 @@ class IterationOverhead:
         return _shared_costs(policies, self.grid)
 
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float,
-               passes: tuple[float, float] | None = None, read: bool = False) -> None:
+               passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
-        against :meth:`grid_for` (if any). Where a draft ``read`` a context in it, only its
-        target pass is: the first draft steps after a reading also feed the tokens decoded
-        since, in passes no later iteration runs, so they would price every draft step
-        dear (and a batch that then decodes plainly never measures its drafts again)."""
+        against :meth:`grid_for` (if any)."""
         self.drafters |= _drafters(rows, gammas, auto_only=True)
         costs = self.grid_for(rows, gammas)
         if costs is None:
@@ -343,13 +340,11 @@ class IterationOverhead:
         g = max(gammas, default=0)
         if passes is not None:
             drafting, scoring = passes
-            if g > 0 and not read:
+            if g > 0:
                 self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
                 self.draft_shapes.observe((cache_rows, 1), drafting / g, self.iterations)
             self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
             self.shapes.observe((cache_rows, g + 1), scoring, self.iterations)
-        if read:
-            return
         self.observe(cache_rows, g,
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 

@@ -132,8 +132,7 @@ class Engine:
             t3 = self.clock()
             self._accept(rows, drafts, scored, results)  # 4. accept, roll back, feed back
             passes = (max(t1 - t0 - reading, 0.0), t2 - t1) if timed else None
-            self.overhead.record(rows, gammas, self.overhead.clock() - start - reading, passes,
-                                 read=reading > 0)
+            self.overhead.record(rows, gammas, self.overhead.clock() - start - reading, passes)
             self.passes += 1
             self._time(rows, {"draft": t1 - t0, "target": t2 - t1, "verify": t3 - t2})
         return finished + self._retire()
