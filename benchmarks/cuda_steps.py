@@ -18,7 +18,9 @@ decoding ``--tokens``): ``ar``, ``block`` at the fixed γ and ``block`` with γ 
 the target copy as draft. γ auto must not cost throughput where speculation does not pay on
 this device (the better of ``ar`` and fixed γ is the bar).
 
-Prints a Markdown table and writes ``--out`` (JSON) with the device's name.
+Prints a Markdown table and writes ``--out`` (JSON) with the device's name; ``--table FILE``
+prints the tables of such a file again (with γ auto over the better of ``ar`` and fixed γ
+at each batch size), loading nothing.
 """
 
 from __future__ import annotations
@@ -118,12 +120,68 @@ def _decode_batch(target: NativeCausalLM, draft: NativeCausalLM, method: str,
             "drafted_per_row_iteration": stats.drafted_total / max(stats.iterations, 1)}
 
 
+BATCHED_HEAD = ("| rows | run | tok/s | row-iterations | drafted per row-iteration |\n"
+                "|---|---|---|---|---|")
+DECODE_HEAD = ("| run | tok/s | ms/token | target passes | accepted per pass |\n"
+               "|---|---|---|---|---|")
+
+
+def _header(report: dict[str, Any]) -> str:
+    return (f"device: {report['device']}; torch {report['torch']}; {report['precision']}; "
+            f"shapes {report['shapes']}")
+
+
+def _steps_head() -> str:
+    return ("| model | " + " | ".join(f"k = {k}" for k in KS) + " (ms) | V(9) |\n|---|"
+            + "---|" * (len(KS) + 1))
+
+
+def _steps_row(role: str, ms: dict[Any, float]) -> str:
+    by_k = {int(k): v for k, v in ms.items()}  # JSON keys are strings
+    return (f"| {role} | " + " | ".join(f"{by_k[k]:.2f}" for k in KS)
+            + f" | {by_k[9] / by_k[1]:.2f} |")
+
+
+def _decode_row(label: str, row: dict[str, float]) -> str:
+    return (f"| {label} | {row['tokens_per_s']:.1f} | {row['wall_ms_per_token']:.2f} | "
+            f"{row['target_passes']} | {row['accepted_per_pass']:.2f} |")
+
+
+def _batched_row(key: str, row: dict[str, float]) -> str:
+    rows, label = key.split(" rows, ", 1)
+    return (f"| {rows} | {label} (draft = target copy) | {row['tokens_per_s']:.1f} | "
+            f"{row['row_iterations']} | {row['drafted_per_row_iteration']:.2f} |")
+
+
+def _auto_vs_best(batched: dict[str, dict[str, float]]) -> list[str]:
+    """γ auto's tokens/s over the better of ``ar`` and the fixed γ, per batch size."""
+    lines = ["| rows | γ auto / better of ar and fixed γ | better |", "|---|---|---|"]
+    for rows in dict.fromkeys(key.split(" rows, ")[0] for key in batched):
+        runs = {k.split(" rows, ", 1)[1]: v["tokens_per_s"] for k, v in batched.items()
+                if k.startswith(f"{rows} rows, ")}
+        auto = runs.pop("block γ auto", None)
+        if auto is not None and runs:
+            best = max(runs, key=lambda label: runs[label])
+            lines.append(f"| {rows} | {auto / runs[best]:.3f}× | {best} |")
+    return lines
+
+
+def table(report: dict[str, Any]) -> str:
+    """The tables of a file written by ``--out``, as the run printed them."""
+    lines = [_header(report), _steps_head()]
+    lines += [_steps_row(role, ms) for role, ms in report["steps_ms"].items()]
+    lines += ["", DECODE_HEAD] + [_decode_row(k, v) for k, v in report["decode"].items()]
+    if report.get("batched"):
+        lines += ["", BATCHED_HEAD] + [_batched_row(k, v) for k, v in report["batched"].items()]
+        lines += ["", *_auto_vs_best(report["batched"])]
+    return "\n".join(lines)
+
+
 def _batched(target: NativeCausalLM, twin: NativeCausalLM, vocab: int, args: Any) -> dict:
     """``ar``, fixed γ and γ auto through ``generate_batch`` at each batch size."""
     g = torch.Generator().manual_seed(2)
     report: dict[str, Any] = {}
-    print("\n| rows | run | tok/s | row-iterations | drafted per row-iteration |")
-    print("|---|---|---|---|---|")
+    print("\n" + BATCHED_HEAD)
     for rows in args.batch_sizes:
         prompts = [torch.randint(vocab, (CONTEXT,), generator=g).tolist() for _ in range(rows)]
         runs = {"ar": ("ar", None), f"block γ {args.gamma}": ("block", args.gamma),
@@ -131,8 +189,7 @@ def _batched(target: NativeCausalLM, twin: NativeCausalLM, vocab: int, args: Any
         for label, (method, gamma) in runs.items():
             row = _decode_batch(target, twin, method, gamma, prompts, args.tokens, args.repeats)
             report[f"{rows} rows, {label}"] = row
-            print(f"| {rows} | {label} (draft = target copy) | {row['tokens_per_s']:.1f} | "
-                  f"{row['row_iterations']} | {row['drafted_per_row_iteration']:.2f} |", flush=True)
+            print(_batched_row(f"{rows} rows, {label}", row), flush=True)
     return report
 
 
@@ -148,7 +205,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                     type=lambda v: [int(x) for x in v.split(",") if x],
                     help="rows of the generate_batch runs (empty: none)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--table", default="", help="print the tables of a file written by --out")
     args = ap.parse_args(argv)
+    if args.table:
+        with open(args.table, encoding="utf-8") as f:
+            print(table(json.load(f)))
+        return
     if args.tokens < 1 or args.gamma < 1 or args.repeats < 1 or min(args.batch_sizes,
                                                                      default=1) < 1:
         ap.error("--tokens, --gamma, --repeats and --batch-sizes must be at least 1")
@@ -161,13 +223,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     report: dict[str, Any] = {"device": name, "torch": torch.__version__,
                               "precision": args.precision, "shapes": args.shapes,
                               "context": CONTEXT, "steps_ms": {}, "decode": {}}
-    print(f"device: {name}; torch {torch.__version__}; {args.precision}; shapes {args.shapes}")
-    print("| model | " + " | ".join(f"k = {k}" for k in KS) + " (ms) | V(9) |")
-    print("|---|" + "---|" * (len(KS) + 1))
+    print(_header(report))
+    print(_steps_head())
     for role, model in models.items():
         ms = {k: v * 1e3 for k, v in pass_costs(model, context=CONTEXT, ks=KS, reps=7).items()}
         report["steps_ms"][role] = ms
-        print(f"| {role} | " + " | ".join(f"{ms[k]:.2f}" for k in KS) + f" | {ms[9] / ms[1]:.2f} |")
+        print(_steps_row(role, ms))
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(vocab, (CONTEXT,), generator=g).tolist()
     twin = _model(modules["target"], "target-copy", args.precision, device)
@@ -175,13 +236,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"block γ {args.gamma}, draft = 0.5B shape": ("block", args.gamma, models["draft"]),
             f"block γ {args.gamma}, draft = target copy": ("block", args.gamma, twin),
             "block γ auto, draft = target copy": ("block", "auto", twin)}
-    print("\n| run | tok/s | ms/token | target passes | accepted per pass |\n|---|---|---|---|---|")
+    print("\n" + DECODE_HEAD)
     start = time.perf_counter()
     for label, (method, gamma, draft) in runs.items():
         row = _decode(models["target"], draft, method, gamma, prompt, args.tokens, args.repeats)
         report["decode"][label] = row
-        print(f"| {label} | {row['tokens_per_s']:.1f} | {row['wall_ms_per_token']:.2f} | "
-              f"{row['target_passes']} | {row['accepted_per_pass']:.2f} |", flush=True)
+        print(_decode_row(label, row), flush=True)
     report["decode_seconds"] = time.perf_counter() - start
     report["batched"] = _batched(models["target"], twin, vocab, args)
     if args.out:

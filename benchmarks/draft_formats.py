@@ -16,6 +16,7 @@ format (geometric mean over prompts with a 95% Student-t interval over prompts,
 
     python benchmarks/draft_formats.py [--formats int8,int8-rotated,int4] [--num-prompts 10]
         [--out FILE]   # the figures and every prompt's speeds as JSON
+    python benchmarks/draft_formats.py --table FILE   # the tables again, from such a file
 """
 
 from __future__ import annotations
@@ -69,6 +70,48 @@ def _reading_ms(model: CausalLM, reps: int = 3) -> float:
     return statistics.median(times) / READ * 1e3
 
 
+def _steps_head() -> str:
+    return ("| draft | " + " | ".join(f"k = {k} (ms)" for k in KS)
+            + " | prompt reading (ms/token) |\n|---|" + "---|" * (len(KS) + 1))
+
+
+def _steps_row(record: dict[str, Any], fmt: str) -> str:
+    ms = {int(k): v for k, v in record["steps_ms"][fmt].items()}
+    cells = " | ".join(f"{ms[k]:.1f}" for k in KS)
+    return f"| {fmt} | {cells} | {record['reading_ms'][fmt]:.2f} |"
+
+
+def _speed_head(first: str) -> str:
+    return ("| T | draft | tok/s (median) | × " + first + " (paired, 95% interval) "
+            "| tokens per target call |\n|---|---|---|---|---|")
+
+
+def _speed_rows(record: dict[str, Any], temperature: float) -> list[str]:
+    """Per format at one temperature: median tok/s over prompts, the paired ratio to the
+    first format (prompts as the unit, ``paired.py``) and tokens per target call."""
+    formats = record["args"]["formats"].split(",")
+    runs = [r for r in record["runs"] if r["temperature"] == temperature]
+    speed = {f: {r["prompt"]: r["tok_s"] for r in runs if r["draft"] == f} for f in formats}
+    first, lines = formats[0], []
+    for f in formats:
+        ratio = "–" if f == first else format_interval(
+            [(p, speed[f][p] / speed[first][p]) for p in speed[first] if p in speed[f]])
+        made = sum(r["tokens"] for r in runs if r["draft"] == f)
+        calls = sum(r["target_calls"] for r in runs if r["draft"] == f)
+        lines.append(f"| {temperature:g} | {f} | {statistics.median(speed[f].values()):.2f} | "
+                     f"{ratio} | {made / calls:.2f} |")
+    return lines
+
+
+def table(record: dict[str, Any]) -> str:
+    """The step costs and the speeds of a record written by ``--out``."""
+    formats = record["args"]["formats"].split(",")
+    temperatures = sorted({r["temperature"] for r in record["runs"]})
+    return "\n".join([_steps_head(), *(_steps_row(record, f) for f in formats), "",
+                      _speed_head(formats[0]),
+                      *(row for t in temperatures for row in _speed_rows(record, t))])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--formats", default="int8,int8-rotated,int4")
@@ -77,7 +120,11 @@ def main() -> None:
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--gamma", default="auto", help="block's draft length: auto or a number")
     p.add_argument("--out", help="write the figures and every prompt's speeds as JSON")
+    p.add_argument("--table", help="print the tables of a file written by --out (nothing runs)")
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
+        return
     formats = args.formats.split(",")
     unknown = sorted(set(formats) - set(LOADERS))
     if unknown:
@@ -86,22 +133,17 @@ def main() -> None:
     target = load_model(PAIR[0], precision="int8")
     drafts = {f: LOADERS[f]() for f in formats}
     costs = interleaved_costs([(d, KS) for d in drafts.values()], context=200, reps=7)
-    record: dict[str, Any] = {"machine": machine_description(), "args": vars(args),
+    record: dict[str, Any] = {"machine": machine_description(),
+                              "args": {k: v for k, v in vars(args).items() if k != "table"},
                               "steps_ms": {}, "reading_ms": {}, "runs": []}
-    print("| draft | " + " | ".join(f"k = {k} (ms)" for k in KS)
-          + " | prompt reading (ms/token) |\n|---|" + "---|" * (len(KS) + 1))
+    print(_steps_head())
     for (f, d), ms in zip(drafts.items(), costs, strict=True):
         record["steps_ms"][f] = {k: ms[k] * 1e3 for k in KS}
         record["reading_ms"][f] = _reading_ms(d)
-        cells = " | ".join(f"{ms[k] * 1e3:.1f}" for k in KS)
-        print(f"| {f} | {cells} | {record['reading_ms'][f]:.2f} |", flush=True)
+        print(_steps_row(record, f), flush=True)
     prompts = load_suite("humaneval", args.num_prompts)
-    first = formats[0]
-    print("\n| T | draft | tok/s (median) | × " + first + " (paired, 95% interval) "
-          "| tokens per target call |\n|---|---|---|---|---|")
+    print("\n" + _speed_head(formats[0]))
     for temperature in (float(t) for t in args.temperatures.split(",")):
-        speed: dict[str, list[float]] = {f: [] for f in formats}
-        made, calls = dict.fromkeys(formats, 0), dict.fromkeys(formats, 0)
         for i, prompt in enumerate(prompts):
             ids = encode(prompt, target.tokenizer)
             for f in formats[i % len(formats):] + formats[:i % len(formats)]:
@@ -110,19 +152,12 @@ def main() -> None:
                              gamma=args.gamma if args.gamma == "auto" else int(args.gamma),
                              temperature=temperature, seed=i,
                              max_new_tokens=args.max_new_tokens)
-                speed[f].append(len(r.tokens) / (time.perf_counter() - start))
-                made[f] += len(r.tokens)
-                calls[f] += r.stats.target_calls
                 record["runs"].append({"temperature": temperature, "prompt": prompt.id,
-                                       "draft": f, "tok_s": speed[f][-1],
+                                       "draft": f,
+                                       "tok_s": len(r.tokens) / (time.perf_counter() - start),
                                        "tokens": len(r.tokens),
                                        "target_calls": r.stats.target_calls})
-        for f in formats:
-            ratio = "–" if f == first else format_interval(
-                [(str(i), b / a) for i, (a, b) in enumerate(zip(speed[first], speed[f],
-                                                                strict=True))])
-            print(f"| {temperature:g} | {f} | {statistics.median(speed[f]):.2f} | {ratio} | "
-                  f"{made[f] / calls[f]:.2f} |", flush=True)
+        print("\n".join(_speed_rows(record, temperature)), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 

@@ -10,6 +10,7 @@ with each row's context ids too (the ids of the prompt and of the tokens before 
 position), and the share of the target's tokens that lie outside the scored ids.
 
     python benchmarks/draft_vocabulary.py RESULTS.jsonl [--sizes 16384,32768,49152] [--out F]
+    python benchmarks/draft_vocabulary.py --table F   # the table again, from such a file
 """
 
 from __future__ import annotations
@@ -55,13 +56,38 @@ def count(outputs: dict[str, list[int]], draft: Any, tokenizer: Any,
     return found
 
 
+def table(found: dict[str, Any]) -> str:
+    """The counts of :func:`count` (or of a file written by ``--out``) as the script prints
+    them; the draft's format is the record's ``precision`` (older files: their command's)."""
+    precision = found.get("precision")
+    if precision is None:
+        words = str(found.get("command", "")).split()
+        precision = words[words.index("--precision") + 1] if "--precision" in words else "?"
+    n, m = found["positions"], found["matches"]
+    lines = [f"{n} positions; the whole-vocabulary {precision} draft's greedy guess is the "
+             f"target's token at {m} ({m / n:.1%})",
+             "| static ids | kept: static set | kept: + context ids | target tokens outside |",
+             "|---|---|---|---|"]
+    for size, c in found["sizes"].items():
+        lines.append(f"| {size} | {c['static']} ({c['static'] / m:.1%}) | {c['context']} "
+                     f"({c['context'] / m:.1%}) | {c['outside']} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="a `verispec bench` results.jsonl with `ar` at T = 0")
+    ap.add_argument("results", nargs="?",
+                    help="a `verispec bench` results.jsonl with `ar` at T = 0")
     ap.add_argument("--sizes", default="16384,32768,49152", help="static-set sizes")
     ap.add_argument("--precision", default="int4", help="the draft's format")
     ap.add_argument("--out", help="also write the counts as JSON")
+    ap.add_argument("--table", help="print the table of a file written by --out (nothing runs)")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
+        return
+    if not args.results:
+        ap.error("RESULTS is required (or --table FILE)")
     torch.set_num_threads(2)
     from transformers import AutoTokenizer
 
@@ -74,18 +100,11 @@ def main() -> None:
         ids = subset_ids(size, draft.vocab_size, eos, tokenizer)
         static[size] = set(range(draft.vocab_size)) if ids is None else set(ids.tolist())
     found = count(greedy_outputs(args.results), draft, tokenizer, static)
-    n, m = found["positions"], found["matches"]
-    print(f"{n} positions; the whole-vocabulary {args.precision} draft's greedy guess is the "
-          f"target's token at {m} ({m / n:.1%})")
-    print("| static ids | kept: static set | kept: + context ids | target tokens outside |")
-    print("|---|---|---|---|")
-    for size, c in found["sizes"].items():
-        print(f"| {size} | {c['static']} ({c['static'] / m:.1%}) | {c['context']} "
-              f"({c['context'] / m:.1%}) | {c['outside']} |")
+    print(table({**found, "precision": args.precision}))
     if args.out:
         record = {"command": "python benchmarks/draft_vocabulary.py " + " ".join(
             [args.results, "--sizes", args.sizes, "--precision", args.precision]),
-            "machine": machine_description(), **found}
+            "machine": machine_description(), "precision": args.precision, **found}
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
 
 

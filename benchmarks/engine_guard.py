@@ -12,7 +12,13 @@ averaged in logs first, so rounds add no units). The batch is one unit whatever 
 of rounds: it has no interval over prompts, and the range of its per-round ratios is shown
 instead.
 
-    python benchmarks/engine_guard.py --baseline /path/to/older/checkout [--rounds 3]
+    python benchmarks/engine_guard.py --baseline /path/to/older/checkout [--rounds 3] \
+        [--out guard.json]
+    python benchmarks/engine_guard.py --table guard.json   # the table again, from the file
+
+``--out`` keeps every unit's tokens and seconds on both sides with the order they ran in,
+the arguments, the machine, torch in each worker and both checkouts' commits
+(``results_io.py``); ``--table`` prints the table from that file without running anything.
 
 The older checkout must be a verispec whose API has ``generate(..., verifier=, dtype=)``
 (before the precision knob); the current one is the checkout this file is in.
@@ -30,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import results_io
 from paired import format_interval, geomean_interval
 
 HERE = Path(__file__).resolve().parents[1]
@@ -64,7 +71,7 @@ def _serve(side: str, tokens: int, gamma: int, temperature: float) -> None:
     ids = [target.tokenizer.encode(p) for p in PROMPTS]
     api.generate(target, draft, ids[0], **{name: "block"}, gamma=gamma, max_new_tokens=8,
                  temperature=temperature)  # warm-up
-    print(json.dumps({"ready": side}), flush=True)
+    print(json.dumps({"ready": side, "torch": results_io.torch_info()}), flush=True)
     for line in sys.stdin:
         unit = json.loads(line)
         start = time.perf_counter()
@@ -83,14 +90,15 @@ def _serve(side: str, tokens: int, gamma: int, temperature: float) -> None:
         print(json.dumps({"tokens": made, "seconds": time.perf_counter() - start}), flush=True)
 
 
-def _start(side: str, src: Path, args: argparse.Namespace) -> subprocess.Popen[str]:
+def _start(side: str, src: Path,
+           args: argparse.Namespace) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A worker of ``side`` with its models loaded, and its ready line."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, __file__, "--worker", side, "--tokens", str(args.tokens),
            "--gamma", str(args.gamma), "--temperature", str(args.temperature)]
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
-    _read(proc, side)
-    return proc
+    return proc, _read(proc, side)
 
 
 def _read(proc: subprocess.Popen[str], side: str) -> dict[str, Any]:
@@ -98,16 +106,55 @@ def _read(proc: subprocess.Popen[str], side: str) -> dict[str, Any]:
     line = proc.stdout.readline()
     if not line:
         raise SystemExit(f"the {side} worker stopped (exit {proc.wait()})")
-    return json.loads(line)
+    out: dict[str, Any] = json.loads(line)
+    return out
 
 
-def _time(proc: subprocess.Popen[str], side: str, unit: dict[str, Any]) -> float:
-    """Tokens per second of one unit on one side."""
+def _time(proc: subprocess.Popen[str], side: str, unit: dict[str, Any]) -> dict[str, Any]:
+    """One unit on one side: its tokens and seconds."""
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(unit) + "\n")
     proc.stdin.flush()
-    done = _read(proc, side)
-    return done["tokens"] / done["seconds"]
+    return _read(proc, side)
+
+
+def _pairs(procs: dict[str, subprocess.Popen[str]], rounds: int) -> list[dict[str, Any]]:
+    """Every unit of every round on both sides, the side going first alternating."""
+    units = [{"method": m, "prompt": i} for m in METHODS for i in range(len(PROMPTS))]
+    units.append({"method": "batch"})
+    done: list[dict[str, Any]] = []
+    flip = 0
+    for r in range(rounds):
+        for unit in units:
+            order = ["baseline", "current"] if flip % 2 == 0 else ["current", "baseline"]
+            flip += 1
+            key = f"block B={BATCH}" if unit["method"] == "batch" else unit["method"]
+            prompt = "batch" if unit["method"] == "batch" else str(unit["prompt"])
+            entry: dict[str, Any] = {"round": r, "config": key, "prompt": prompt,
+                                     "order": order}
+            for side in order:
+                entry[side] = _time(procs[side], side, unit)
+            done.append(entry)
+        print(f"round {r + 1} of {rounds} done", file=sys.stderr, flush=True)
+    return done
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Both workers through every round: the record ``--out`` keeps and the table is
+    computed from."""
+    srcs = {"baseline": args.baseline.resolve() / "src", "current": HERE / "src"}
+    started = {side: _start(side, src, args) for side, src in srcs.items()}
+    procs = {side: proc for side, (proc, _) in started.items()}
+    units = _pairs(procs, args.rounds)
+    for proc in procs.values():
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+    rec = results_io.record(__file__, args, started["current"][1]["torch"], args.baseline)
+    rec["baseline"]["torch"] = started["baseline"][1]["torch"]
+    rec.update({"methods": list(METHODS), "batch": BATCH, "prompts": list(PROMPTS),
+                "units": units})
+    return rec
 
 
 def main() -> None:
@@ -117,39 +164,30 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--out", help="write every unit's measurements and the machine as JSON")
+    p.add_argument("--table", help="print the table of a JSON file written by --out (no run)")
     p.add_argument("--worker", choices=["current", "baseline"], help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.table:
+        print(table(results_io.read(args.table)))
+        return
     if args.worker:
         _serve(args.worker, args.tokens, args.gamma, args.temperature)
         return
     if args.baseline is None:
         p.error("--baseline is required")
-    srcs = {"baseline": args.baseline.resolve() / "src", "current": HERE / "src"}
-    procs = {side: _start(side, src, args) for side, src in srcs.items()}
-    units = [{"method": m, "prompt": i} for m in METHODS for i in range(len(PROMPTS))]
-    units.append({"method": "batch"})
-    speeds: dict[str, dict[str, list[tuple[str, float]]]] = {s: {} for s in procs}
-    flip = 0
-    for r in range(args.rounds):
-        for unit in units:
-            key = f"block B={BATCH}" if unit["method"] == "batch" else unit["method"]
-            order = ("baseline", "current") if flip % 2 == 0 else ("current", "baseline")
-            flip += 1
-            prompt = "batch" if unit["method"] == "batch" else str(unit["prompt"])
-            for side in order:
-                speed = _time(procs[side], side, unit)
-                speeds[side].setdefault(key, []).append((prompt, speed))
-        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
-    for proc in procs.values():
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait()
-    _print_table(speeds)
+    results_io.measure_and_print(args.out, lambda: measure(args), table)
 
 
-def _print_table(speeds: dict[str, dict[str, list[tuple[str, float]]]]) -> None:
-    print("| configuration | baseline tok/s | current tok/s | current / baseline "
-          "(paired, 95% interval over prompts) |\n|---|---|---|---|")
+def table(rec: dict[str, Any]) -> str:
+    """The table of a record (a run's, or one read back from ``--out``'s file)."""
+    speeds: dict[str, dict[str, list[tuple[str, float]]]] = {"baseline": {}, "current": {}}
+    for unit in rec["units"]:
+        for side, by_config in speeds.items():
+            speed = unit[side]["tokens"] / unit[side]["seconds"]
+            by_config.setdefault(unit["config"], []).append((unit["prompt"], speed))
+    lines = ["| configuration | baseline tok/s | current tok/s | current / baseline "
+             "(paired, 95% interval over prompts) |", "|---|---|---|---|"]
     for key, base in speeds["baseline"].items():
         cur = speeds["current"][key]
         pairs = [(p, c / b) for (p, c), (_, b) in zip(cur, base, strict=True)]
@@ -158,8 +196,9 @@ def _print_table(speeds: dict[str, dict[str, list[tuple[str, float]]]]) -> None:
             mean = geomean_interval(pairs)[0]
             ratios = [r for _, r in pairs]
             cell = f"{mean:.3f} (one batch; rounds {min(ratios):.3f} to {max(ratios):.3f})"
-        print(f"| {key} | {statistics.median(s for _, s in base):.2f} | "
-              f"{statistics.median(s for _, s in cur):.2f} | {cell} |")
+        lines.append(f"| {key} | {statistics.median(s for _, s in base):.2f} | "
+                     f"{statistics.median(s for _, s in cur):.2f} | {cell} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

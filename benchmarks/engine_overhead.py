@@ -8,14 +8,18 @@ drafting bookkeeping, gathering p and q, verification, sampling, row admission a
 retirement.
 
     python benchmarks/engine_overhead.py [--batch 8] [--method block] [--gamma 4]
-    python benchmarks/engine_overhead.py --baseline /path/to/older/checkout --rounds 5
+    python benchmarks/engine_overhead.py --baseline /path/to/older/checkout --rounds 5 \
+        [--out overhead.json]
     python benchmarks/engine_overhead.py --baseline ... --same-allocator
+    python benchmarks/engine_overhead.py --table overhead.json   # the table again, from the file
 
 With ``--baseline`` each round runs the older checkout and this one in turn (fresh
 processes, the one going first alternating) and the table pairs them round by round.
 The engine sets glibc's malloc to reuse freed blocks (:mod:`verispec.engine.memory`); an
 older engine may not, so ``--same-allocator`` gives both processes those settings through
 ``GLIBC_TUNABLES``, separating the allocator's share of a difference from the code's.
+``--out`` keeps every round's raw measurements of each side, the arguments, the machine and
+both checkouts' commits (``results_io.py``); ``--table`` prints the table from that file.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import results_io
 
 HERE = Path(__file__).resolve()
 VOCAB = 151_936  # the embedded pair's vocabulary
@@ -40,25 +47,26 @@ def _measure(args: argparse.Namespace) -> dict[str, float]:
     from verispec.models.toy import TableLM
 
     class FixedLM(TableLM):
-        """Every position has the same float32 logits; passes are timed."""
+        """Every position has the same float32 logits; passes are timed into ``spent``, a
+        box shared with the twins ``spawn`` makes (the API runs the pair on twins)."""
 
         def __init__(self, seed: int) -> None:
             super().__init__(VOCAB, name=f"fixed-{seed}")
             g = torch.Generator().manual_seed(seed)
             self.logits = torch.randn(VOCAB, generator=g) * 3  # [V]
-            self.pass_s = 0.0
+            self.spent = [0.0]  # seconds in passes
 
         def _add_rows(self, prefixes: list[list[int]]) -> None:
             start = time.perf_counter()
             super()._add_rows(prefixes)
-            self.pass_s += time.perf_counter() - start
+            self.spent[0] += time.perf_counter() - start
 
         def _extend(self, tokens: list[list[int]], num_logits: int) -> torch.Tensor:
             start = time.perf_counter()
             for row, new in zip(self._rows, tokens, strict=True):
                 row.extend(new)
             out = self.logits.expand(len(tokens), num_logits, VOCAB)  # [R, n, V]
-            self.pass_s += time.perf_counter() - start
+            self.spent[0] += time.perf_counter() - start
             return out
 
     torch.set_num_threads(2)
@@ -68,28 +76,82 @@ def _measure(args: argparse.Namespace) -> dict[str, float]:
     kw = {"method": args.method, "gamma": args.gamma, "temperature": args.temperature,
           "max_new_tokens": args.tokens, "batch_size": args.batch, "ignore_eos": True}
     generate_batch(target, draft, prompts[:2], **{**kw, "max_new_tokens": 4})  # warm up
-    target.pass_s = draft.pass_s = 0.0
+    target.spent[0] = draft.spent[0] = 0.0
     start = time.perf_counter()
     out = generate_batch(target, draft, prompts, **kw)
     wall = time.perf_counter() - start
-    passes = out.stats.target_passes
-    return {"wall_s": wall, "model_s": target.pass_s + draft.pass_s, "passes": passes,
-            "overhead_ms": (wall - target.pass_s - draft.pass_s) / passes * 1e3,
+    passes, model_s = out.stats.target_passes, target.spent[0] + draft.spent[0]
+    return {"wall_s": wall, "model_s": model_s, "passes": passes,
+            "overhead_ms": (wall - model_s) / passes * 1e3,
             "tokens": sum(len(r.tokens) for r in out.results)}
 
 
-def _run(checkout: Path | None, argv: list[str], same_allocator: bool) -> dict[str, float]:
-    env = dict(os.environ)
-    if same_allocator:
-        from verispec.engine.memory import MMAP_THRESHOLD, TRIM_THRESHOLD
+def _tunables(same_allocator: bool) -> str | None:
+    """The engine's malloc settings as ``GLIBC_TUNABLES``, or None (each side's own)."""
+    if not same_allocator:
+        return None
+    from verispec.engine.memory import MMAP_THRESHOLD, TRIM_THRESHOLD
 
-        env["GLIBC_TUNABLES"] = (f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:"
-                                 f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
+    return (f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:"
+            f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
+
+
+def _run(checkout: Path | None, argv: list[str], tunables: str | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if tunables is not None:
+        env["GLIBC_TUNABLES"] = tunables
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout / "src")
     done = subprocess.run([sys.executable, str(HERE), "--json", *argv], env=env, check=True,
                           capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every round of both sides, fresh processes, the one going first alternating: the
+    record ``--out`` keeps and the table is computed from."""
+    argv = [f"--batch={args.batch}", f"--method={args.method}", f"--gamma={args.gamma}",
+            f"--temperature={args.temperature}", f"--tokens={args.tokens}"]
+    sides: dict[str, Path | None] = {"this": HERE.parents[1]}
+    if args.baseline is not None:
+        sides = {"baseline": args.baseline.resolve(), **sides}
+    tunables = _tunables(args.same_allocator)
+    rounds: list[dict[str, Any]] = []
+    torch: dict[str, Any] | None = None
+    for r in range(args.rounds):
+        order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+        entry: dict[str, Any] = {"round": r, "order": order}
+        for name in order:
+            entry[name] = _run(sides[name], argv, tunables)
+            info = entry[name].pop("torch")  # the same interpreter on both sides
+            if name == "this":
+                torch = info
+        rounds.append(entry)
+    rec = results_io.record(__file__, args, torch, args.baseline)
+    rec.update({"glibc_tunables": tunables, "sides": list(sides), "rounds": rounds})
+    return rec
+
+
+def table(rec: dict[str, Any]) -> str:
+    """The table of a record (a run's, or one read back from ``--out``'s file)."""
+    a = rec["args"]
+    runs = {name: [rnd[name] for rnd in rec["rounds"]] for name in rec["sides"]}
+    lines = [f"B = {a['batch']}, {a['method']}, γ = {a['gamma']}, T = {a['temperature']:g}, "
+             f"{a['tokens']} tokens per row, {a['rounds']} rounds"
+             + (", both sides with the engine's malloc settings" if a["same_allocator"] else ""),
+             "| engine | overhead per iteration, ms (median) | rounds | target passes |",
+             "|---|---|---|---|"]
+    for name, rs in runs.items():
+        ms = [x["overhead_ms"] for x in rs]
+        lines.append(f"| {name} | {statistics.median(ms):.1f} | "
+                     f"{', '.join(f'{m:.1f}' for m in ms)} | {int(rs[0]['passes'])} |")
+    if "baseline" in runs:
+        ratios = [new["overhead_ms"] / old["overhead_ms"]
+                  for old, new in zip(runs["baseline"], runs["this"], strict=True)]
+        lines += ["", f"this / baseline per round: {', '.join(f'{x:.2f}' for x in ratios)} "
+                      f"(median {statistics.median(ratios):.2f})"]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -104,35 +166,17 @@ def main() -> None:
                    help="an older verispec checkout to pair with this one")
     p.add_argument("--same-allocator", action="store_true",
                    help="give both sides the engine's malloc settings through GLIBC_TUNABLES")
+    p.add_argument("--out", help="write every round's measurements and the machine as JSON")
+    p.add_argument("--table", help="print the table of a JSON file written by --out (no run)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.json:
-        print(json.dumps(_measure(args)))
+    if args.table:
+        print(table(results_io.read(args.table)))
         return
-    argv = [f"--batch={args.batch}", f"--method={args.method}", f"--gamma={args.gamma}",
-            f"--temperature={args.temperature}", f"--tokens={args.tokens}"]
-    sides: dict[str, Path | None] = {"this": HERE.parents[1]}
-    if args.baseline is not None:
-        sides = {"baseline": args.baseline.resolve(), **sides}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
-    for r in range(args.rounds):
-        order = list(sides) if r % 2 == 0 else list(sides)[::-1]
-        for name in order:
-            runs[name].append(_run(sides[name], argv, args.same_allocator))
-    print(f"B = {args.batch}, {args.method}, γ = {args.gamma}, T = {args.temperature:g}, "
-          f"{args.tokens} tokens per row, {args.rounds} rounds"
-          + (", both sides with the engine's malloc settings" if args.same_allocator else ""))
-    print("| engine | overhead per iteration, ms (median) | rounds | target passes |")
-    print("|---|---|---|---|")
-    for name, rs in runs.items():
-        ms = [x["overhead_ms"] for x in rs]
-        print(f"| {name} | {statistics.median(ms):.1f} | {', '.join(f'{m:.1f}' for m in ms)} "
-              f"| {int(rs[0]['passes'])} |")
-    if args.baseline is not None:
-        ratios = [b["overhead_ms"] / a["overhead_ms"]
-                  for a, b in zip(runs["baseline"], runs["this"], strict=True)]
-        print(f"\nthis / baseline per round: {', '.join(f'{x:.2f}' for x in ratios)} "
-              f"(median {statistics.median(ratios):.2f})")
+    if args.json:
+        print(json.dumps({**_measure(args), "torch": results_io.torch_info()}))
+        return
+    results_io.measure_and_print(args.out, lambda: measure(args), table)
 
 
 if __name__ == "__main__":

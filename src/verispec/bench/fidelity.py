@@ -14,6 +14,12 @@ rotations before ``down_proj`` / ``o_proj`` (``0``: none; a ``:dense`` suffix, a
 ``256/64:dense``, takes dense random orthogonal blocks instead of Kronecker products of
 signed Hadamard matrices; :func:`~verispec.models.native.weights.int8_state`) on the same
 reference texts.
+
+``--report FILE [--against OTHER]`` prints the figures of a file written by ``--out`` (nothing
+is loaded): per scheme the mean and max KL, the positions and the greedy agreement; with
+several schemes in the file, or ``--against`` another run on the same prompts (7-bit codes
+against 8-bit ones, say), the per-prompt ratio of the mean KLs (:func:`kl_ratios`), its
+range and geometric mean with a 95% Student-t interval over prompts.
 """
 
 from __future__ import annotations
@@ -25,13 +31,19 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from verispec.api import generate
+from verispec.bench.metrics import paired_ratio_ci
 from verispec.models.base import CausalLM
 
-__all__ = ["PromptFidelity", "compare", "compare_many", "int8_schemes", "main"]
+__all__ = ["PromptFidelity", "compare", "compare_many", "int8_schemes", "kl_ratios", "main",
+           "render_file", "report"]
+
+Record = dict[str, Any]
 
 
 @dataclass
@@ -123,6 +135,93 @@ def summarize(rows: Sequence[PromptFidelity]) -> dict[str, float]:
             "greedy_agreement": sum(r.agree for r in rows) / len(rows)}
 
 
+# -- reports of files written by --out -----------------------------------------------------
+
+def _schemes(record: Record) -> dict[str, Record]:
+    """scheme -> {"summary", "rows"} of a record written by ``--out`` (one scheme, named by
+    its precision, where the run compared no blocks)."""
+    if "schemes" in record:
+        return dict(record["schemes"])
+    return {record["precision"]: {"summary": record["summary"], "rows": record["rows"]}}
+
+
+def _unit(prompt_id: str) -> str:
+    """A prompt's id without its suite's name: the suite is named after its file, so
+    ``specbench-3/161`` and ``specbench-3-per-category/161`` are the same prompt."""
+    return prompt_id.split("/", 1)[-1]
+
+
+def kl_ratios(rows: Sequence[Record], base: Sequence[Record]) -> dict[str, float]:
+    """Per prompt, mean KL of ``rows`` over that of ``base``, on the prompts both scored
+    along reference texts of the same length (the same positions)."""
+    by_unit = {_unit(r["prompt_id"]): r for r in base}
+    out = {}
+    for r in rows:
+        b = by_unit.get(_unit(r["prompt_id"]))
+        if b is not None and b["positions"] == r["positions"] and b["mean_kl"] > 0:
+            out[_unit(r["prompt_id"])] = r["mean_kl"] / b["mean_kl"]
+    return out
+
+
+def _summary_rows(record: Record, name: str) -> list[str]:
+    rows = []
+    for scheme, s in _schemes(record).items():
+        sm, agree = s["summary"], sum(bool(r.get("agree")) for r in s["rows"])
+        rows.append(f"| {name} | {scheme} | {sm['prompts']} | {sm['positions']} | "
+                    f"{sm['mean_kl']:.5f} | {sm['prompt_mean_kl_ci95']:.5f} | "
+                    f"{sm['max_kl']:.3f} | {agree} of {len(s['rows'])} |")
+    return rows
+
+
+def _ratio_row(label: str, ratios: dict[str, float], prompts: int) -> str:
+    if not ratios:
+        return f"| {label} | 0 of {prompts} | – | – |"
+    gm, ci = paired_ratio_ci([math.log(x) for x in ratios.values()])
+    interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    return (f"| {label} | {len(ratios)} of {prompts} | {min(ratios.values()):.2f}–"
+            f"{max(ratios.values()):.2f} | {gm:.2f}{interval} |")
+
+
+def report(record: Record, against: Record | None = None,
+           names: tuple[str, str] = ("A", "B")) -> str:
+    """The figures of a ``--out`` file (and of ``against``), and the per-prompt KL ratios:
+    each scheme over the file's first, and each scheme over ``against``'s (the same scheme,
+    or its only one)."""
+    lines = [f"{names[0]}: {record.get('model')}, {record.get('tokens')} tokens"
+             + (f"; {names[1]}: {against.get('model')}, {against.get('tokens')} tokens"
+                if against else ""), "",
+             "| file | scheme | prompts | positions | mean KL | ± 95% over prompts | max KL | "
+             "greedy continuations identical |", "|---|---|---|---|---|---|---|---|"]
+    lines += _summary_rows(record, names[0]) + (_summary_rows(against, names[1]) if against
+                                                else [])
+    mine = _schemes(record)
+    ratios = []
+    first = next(iter(mine))
+    for scheme, s in list(mine.items())[1:]:
+        ratios.append(_ratio_row(f"{names[0]} {scheme} / {names[0]} {first}",
+                                 kl_ratios(s["rows"], mine[first]["rows"]), len(s["rows"])))
+    if against:
+        theirs = _schemes(against)
+        for scheme, s in mine.items():
+            other = scheme if scheme in theirs else next(iter(theirs)) if len(theirs) == 1 \
+                else None
+            if other is not None:
+                ratios.append(_ratio_row(f"{names[0]} {scheme} / {names[1]} {other}",
+                                         kl_ratios(s["rows"], theirs[other]["rows"]),
+                                         len(s["rows"])))
+    if ratios:
+        lines += ["", "| per-prompt mean KL ratio | prompts (same positions) | range | "
+                  "geometric mean [95% interval] |", "|---|---|---|---|", *ratios]
+    return "\n".join(lines)
+
+
+def render_file(path: str | Path, against: str | Path | None = None) -> str:
+    """:func:`report` of a ``--out`` file (and of ``against``), files named by their stems."""
+    a = json.loads(Path(path).read_text(encoding="utf-8"))
+    b = json.loads(Path(against).read_text(encoding="utf-8")) if against else None
+    return report(a, b, (Path(path).stem, Path(against).stem if against else "B"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from verispec.bench.suites import encode, load_suites
     from verispec.models.fetch import DEFAULT_TARGET
@@ -142,7 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also time each test model's pass of 1 and 9 tokens after a 200-token "
                          "context (interleaved, median of 7) and stop")
     ap.add_argument("--out", default=None, help="write the per-prompt rows and summary as JSON")
+    ap.add_argument("--report", default=None,
+                    help="print the figures of a file written by --out (nothing is run)")
+    ap.add_argument("--against", default=None,
+                    help="with --report: another --out file, per-prompt KL ratios against it")
     args = ap.parse_args(argv)
+    if args.report:
+        print(render_file(args.report, args.against))
+        return 0
     # the float32 reference only where texts are compared (a timing generates nothing)
     reference = None if args.step_costs else load_model(args.model, precision="float32")
     eos = frozenset() if reference is None else reference.eos_token_ids

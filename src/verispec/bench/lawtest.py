@@ -29,7 +29,8 @@ comparison is flagged when p < ``ALPHA``.
   that its exact TV, ε · mean TV(p₁, q₁), is ``CONTROL_TV_RATIO`` times the threshold.
 
 ``python -m verispec.bench.lawtest --methods token,block,biased-control,llamacpp-ar --out DIR``
-writes ``lawtest.json`` and ``lawtest.md``.
+writes ``lawtest.json`` and ``lawtest.md``; ``python -m verispec.bench.lawtest --report
+DIR/lawtest.json`` prints that markdown again from the JSON alone (nothing is loaded or run).
 """
 
 from __future__ import annotations
@@ -374,7 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m verispec.bench.lawtest``."""
     ap = argparse.ArgumentParser(prog="python -m verispec.bench.lawtest",
                                  description="two-sample test of the first-k-token law")
-    ap.add_argument("--methods", required=True,
+    ap.add_argument("--report", default=None,
+                    help="print the markdown of a lawtest.json written by --out (nothing is run)")
+    ap.add_argument("--methods", default=None,
                     help=f"comma list: verispec methods, {CONTROL}, llamacpp-ar, llamacpp-spec")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
@@ -394,8 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "process) per sample")
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, help="directory for lawtest.json and lawtest.md")
+    ap.add_argument("--out", default=None, help="directory for lawtest.json and lawtest.md")
     args = ap.parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(Path(args.report).read_text(encoding="utf-8"))), end="")
+        return 0
+    if not args.methods or not args.out:
+        ap.error("--methods and --out are required (or --report FILE)")
     cfg = LawTestConfig(methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                         target=args.target, draft=args.draft, suite=args.suite,
                         prompts=args.prompts, samples=args.samples, tokens=args.tokens,

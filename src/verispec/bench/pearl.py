@@ -10,6 +10,9 @@ table gives tokens/s, the speed-up over ``ar`` and over sequential speculative d
 the same verifier, the mean accepted tokens per drafting phase (Table 4's metric; for
 sequential SD a drafting phase is one iteration) and the fraction of the decoding time each
 model waits (for sequential SD: 1 - its busy time / wall time).
+
+``python -m verispec.bench.pearl --report FILE`` prints those tables again from a file written
+by ``--json`` (nothing is loaded or run).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 from verispec.models.loading import PRECISIONS, load_model
 from verispec.sampling import Sampling
 
-__all__ = ["main"]
+__all__ = ["main", "render_file", "table"]
 
 
 @dataclass
@@ -103,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeline", default=None, help="PNG of PEARL's first prompt (last temperature)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--report", default=None,
+                    help="print the tables of a file written by --json (nothing is run)")
     args = ap.parse_args(argv)
+    if args.report:
+        print(render_file(args.report))
+        return 0
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
@@ -111,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     draft = load_model(args.draft, precision=args.precision, progress=log, role="draft")
     encoded = [list(target.tokenizer.encode(p)) for p in _prompts(args.prompts)]  # type: ignore[attr-defined]
     results: dict[str, Any] = {"threads_main": torch.get_num_threads(), "runs": {},
-                               "precision": [target.precision, draft.precision]}
+                               "precision": [target.precision, draft.precision],
+                               "max_new_tokens": args.max_new_tokens}
     with PearlEngine(target, draft) as engine:
         c, t_d, t_t = engine.measure_speed()
         gamma = max(1, round(c))
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                     if i == 0 and name == "pearl-block":
                         first = out
                 log(f"T={temperature:g}: prompt {i + 1}/{len(encoded)} done")
-            _report(rows, temperature, len(encoded), args, sd_gamma, results)
+            _report(rows, temperature, sd_gamma, results)
             if args.timeline and first is not None:
                 st = first.stats
                 waits = ", ".join(f"{k} waits {v:.0%}" for k, v in st.wait_fraction.items())
@@ -157,20 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report(rows: dict[str, Row], temperature: float, n: int, args: argparse.Namespace,
-            sd_gamma: int, results: dict[str, Any]) -> None:
+def _report(rows: dict[str, Row], temperature: float, sd_gamma: int,
+            results: dict[str, Any]) -> None:
+    """Record one temperature's figures in ``results`` and print its table."""
     base = rows["ar"]
-    print(f"\nT={temperature:g}, {n} HumanEval prompts, {args.max_new_tokens} new tokens, "
-          f"precision target {results['precision'][0]}, draft {results['precision'][1]}")
-    print(f"{'method':<24}{'tokens':>7}{'sec':>8}{'tok/s':>7}{'×ar':>7}{'×SD':>7}"
-          f"{'acc/phase':>10}{'draft waits':>12}{'target waits':>13}{'=ar':>6}")
-    table = {}
+    entries: dict[str, Any] = {}
     for row in rows.values():
         verifier = "token" if "token" in row.name else "block"
         sd = rows[f"sd-{verifier} γ={sd_gamma}"]
         same = sum(a == b for a, b in zip(row.outputs, base.outputs, strict=True))
         k = len(row.outputs)
-        entry = {
+        entries[row.name] = {
             "tokens": row.tokens, "seconds": row.seconds, "tok_per_s": row.tok_per_s,
             "speedup_vs_ar": row.tok_per_s / base.tok_per_s,
             "speedup_vs_sd": row.tok_per_s / sd.tok_per_s if row.name != "ar" else None,
@@ -178,18 +184,53 @@ def _report(rows: dict[str, Row], temperature: float, n: int, args: argparse.Nam
             "draft_wait": 1 - row.busy["draft"] / k if row.name != "ar" else None,
             "target_wait": 1 - row.busy["target"] / k, "identical_to_ar": [same, k],
         }
-        table[row.name] = entry
-        print(f"{row.name:<24}{row.tokens:>7}{row.seconds:>8.1f}{row.tok_per_s:>7.2f}"
-              f"{entry['speedup_vs_ar']:>7.2f}{_fmt(entry['speedup_vs_sd'], '>7.2f'):>7}"
-              f"{_fmt(entry['mean_accepted_per_phase'], '>10.2f'):>10}"
-              f"{_fmt(entry['draft_wait'], '>12.0%'):>12}{entry['target_wait']:>13.0%}"
-              f"{f'{same}/{k}' if temperature == 0 else '':>6}")
-    results["runs"][f"T={temperature:g}"] = table
+    results["runs"][f"T={temperature:g}"] = entries
+    print("\n" + "\n".join(_run_lines(results, f"T={temperature:g}")))
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _run_lines(results: dict[str, Any], key: str) -> list[str]:
+    """The table of one temperature (``runs[key]``) of a results record."""
+    entries = results["runs"][key]
+    n = entries["ar"]["identical_to_ar"][1]
+    tokens = results.get("max_new_tokens")
+    precision = results.get("precision")
+    lines = [f"{key}, {n} HumanEval prompts"
+             + (f", {tokens} new tokens" if tokens else "")
+             + (f", precision target {precision[0]}, draft {precision[1]}" if precision else ""),
+             f"{'method':<24}{'tokens':>7}{'sec':>8}{'tok/s':>7}{'×ar':>7}{'×SD':>7}"
+             f"{'acc/phase':>10}{'draft waits':>12}{'target waits':>13}{'=ar':>6}"]
+    for name, e in entries.items():
+        same, k = e["identical_to_ar"]
+        lines.append(
+            f"{name:<24}{e['tokens']:>7}{e['seconds']:>8.1f}{e['tok_per_s']:>7.2f}"
+            f"{e['speedup_vs_ar']:>7.2f}{_fmt(e['speedup_vs_sd'], '>7.2f'):>7}"
+            f"{_fmt(e['mean_accepted_per_phase'], '>10.2f'):>10}"
+            f"{_fmt(e['draft_wait'], '>12.0%'):>12}{e['target_wait']:>13.0%}"
+            f"{f'{same}/{k}' if key == 'T=0' else '':>6}")
+    return lines
+
+
+def table(results: dict[str, Any]) -> str:
+    """The tables of a results record (``--json``), one per temperature, and the set-up."""
+    lines = [f"c = {results['c']:.2f} (target {results['target_forward_s'] * 1e3:.1f} ms / "
+             f"draft {results['draft_forward_s'] * 1e3:.1f} ms per forward), PEARL γ = "
+             f"{results['gamma']}, sequential SD γ = {results['sd_gamma']}, threads "
+             f"{results['threads']}, workers up in {results['startup_s']:.1f}s"]
+    for key in results["runs"]:
+        lines += ["", *_run_lines(results, key)]
+    return "\n".join(lines)
+
+
+def render_file(path: str) -> str:
+    """:func:`table` of a file written by ``--json``."""
+    with open(path, encoding="utf-8") as f:
+        return table(json.load(f))
 
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)

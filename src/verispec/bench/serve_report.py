@@ -24,7 +24,11 @@ repeats are never paired. Where peers' reports are merged with verispec's, one m
 puts **verispec's best against the peers' best** at every temperature and concurrency (best:
 the config of highest mean throughput on each side): the ratio of the geometric means of
 the two configs' repeats, with a Welch t interval on the log throughputs (the two sides ran
-in different processes at different times, so their repeats are not paired).
+in different processes at different times, so their repeats are not paired). A merged
+report can be merged again (or rendered alone: ``serve_report OUT.json MERGED.json``): its
+peers are the cells labelled by its sources' peer names, its γ auto comparisons the ones it
+holds. Reports from before configs, temperatures and repeats (one row per method and
+concurrency, no ``label``) are read as γ None, their run's temperature and one repeat.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any, Protocol
 from verispec.bench.metrics import paired_ratio_ci, student_t_quantile
 
 __all__ = ["CellLike", "auto_comparisons", "main", "merge_reports", "peer_comparisons",
-           "render_comparisons", "render_means", "render_peer_comparisons"]
+           "render_comparisons", "render_file", "render_means", "render_peer_comparisons"]
 
 
 class CellLike(Protocol):
@@ -52,6 +56,7 @@ class CellLike(Protocol):
     concurrency: int
     repeat: int
     throughput_tok_s: float
+    ttft_p50_s: float | None
     tpot_p50_s: float | None
     block_efficiency: float | None
     mean_gamma: float | None
@@ -75,16 +80,17 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def render_means(cells: Sequence[CellLike]) -> str:
     """One row per (temperature, concurrency, config): means over repeats."""
-    head = ["T", "clients", "config", "repeats", "errors", "tok/s", "TPOT p50 ms",
-            "block eff.", "mean γ"]
+    head = ["T", "clients", "config", "repeats", "errors", "tok/s", "TTFT p50 ms",
+            "TPOT p50 ms", "block eff.", "mean γ"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (t, n, label), reps in sorted(_by_key(cells).items()):
         runs = list(reps.values())
-        tpot = _mean([c.tpot_p50_s for c in runs])
+        ttft, tpot = _mean([c.ttft_p50_s for c in runs]), _mean([c.tpot_p50_s for c in runs])
         eff, gamma = _mean([c.block_efficiency for c in runs]), _mean([c.mean_gamma for c in runs])
         lines.append("| " + " | ".join([
             f"{t:g}", str(n), label, str(len(runs)), str(sum(c.errors for c in runs)),
             f"{statistics.fmean(c.throughput_tok_s for c in runs):.2f}",
+            "—" if ttft is None else f"{ttft * 1e3:.1f}",
             "—" if tpot is None else f"{tpot * 1e3:.1f}",
             "—" if eff is None else f"{eff:.2f}", "—" if gamma is None else f"{gamma:.2f}",
         ]) + " |")
@@ -203,27 +209,62 @@ def render_peer_comparisons(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _cells(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's cells, older rows (no ``label``: one γ per method, one temperature, one
+    repeat) given the fields of the current ones."""
+    temperature = float((report.get("config") or {}).get("temperature") or 0.0)
+    out = []
+    for c in report["cells"]:
+        gamma = c.get("gamma")
+        label = c["method"] if gamma is None else f"{c['method']} γ={gamma}"
+        out.append({"label": label, "gamma": gamma, "temperature": temperature, "repeat": 0,
+                    "mean_gamma": None, "ttft_p50_s": None, **c})
+    return out
+
+
+def _peer_labels(report: dict[str, Any], cells: Sequence[dict[str, Any]]) -> set[str]:
+    """The labels of a report's peer cells: all of them in a peer's own report; in a merged
+    report, those named by its sources' peers (`` @SOURCE`` suffixes aside)."""
+    if report.get("peer"):
+        return {c["label"] for c in cells}
+    names = {s["peer"]["name"] for s in report.get("sources") or [] if s.get("peer")}
+    return {c["label"] for c in cells if c["label"].split(" @")[0] in names}
+
+
 def merge_reports(reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One report from ``(name, report)`` pairs: all cells, the tables over all of them,
-    and each source's config, peer and machine under ``sources``."""
+    and each source's config, peer and machine under ``sources`` (a merged report's own
+    sources, where one is merged again)."""
     cells: list[dict[str, Any]] = []
-    sources, comparisons, peers = [], [], set()
+    sources: list[dict[str, Any]] = []
+    comparisons: list[dict[str, Any]] = []
+    peers: set[str] = set()
     for name, report in reports:
         taken = {c["label"] for c in cells}
         own = [{**c, "label": c["label"] + (f" @{name}" if c["label"] in taken else "")}
-               for c in report["cells"]]
-        comparisons += auto_comparisons([SimpleNamespace(**c) for c in own])  # within a run
+               for c in _cells(report)]
+        if "sources" in report:  # already merged: its comparisons were made within each run
+            comparisons += report.get("comparisons") or []
+            sources += report["sources"]
+        else:
+            comparisons += auto_comparisons([SimpleNamespace(**c) for c in own])  # within a run
+            sources.append({"name": name, "config": report.get("config"),
+                            "peer": report.get("peer"), "machine": report.get("machine")})
         cells += own
-        if report.get("peer"):
-            peers |= {c["label"] for c in own}
-        sources.append({"name": name, "config": report.get("config"),
-                        "peer": report.get("peer"), "machine": report.get("machine")})
+        peers |= _peer_labels(report, own)
     rows: list[Any] = [SimpleNamespace(**c) for c in cells]
     against = peer_comparisons(rows, peers)
     table = "\n\n".join(t for t in (render_means(rows), render_comparisons(comparisons),
                                      render_peer_comparisons(against)) if t)
     return {"sources": sources, "cells": cells, "comparisons": comparisons,
             "peer_comparisons": against, "markdown": table}
+
+
+def render_file(*paths: str | Path) -> str:
+    """The tables of one report (a run's or a merged one), or of several merged, as
+    :func:`main` prints them."""
+    reports = [(Path(p).stem, json.loads(Path(p).read_text(encoding="utf-8"))) for p in paths]
+    return str(merge_reports(reports)["markdown"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,8 @@ replica, its handle call to the engine replica and back) and the CPU.
 
 Run: ``python -m verispec.server.ray_overhead --requests 200`` (needs the ray extra).
 The toy pair decodes in microseconds, so the figure is the serving path, not the model.
+``--table FILE`` prints a file of such JSON lines (one per round) as a table: one row per
+layout and replica count, the rounds' figures side by side.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from verispec.bench.serve import launched as launched_server
 from verispec.server.testing import MODEL
 
-__all__ = ["build_parser", "main", "measure"]
+__all__ = ["build_parser", "main", "measure", "table"]
 
 FACTORY = "verispec.server.testing:toy_pair"
 START_TIMEOUT_S = 300.0
@@ -93,6 +97,22 @@ def _cpu() -> str:
         return "unknown"
 
 
+def table(rounds: Sequence[dict[str, Any]]) -> str:
+    """Lines written by :func:`main` (a ``layout`` and ``round`` added by hand, where the
+    file compares layouts), one row per layout and replica count in the order they appear."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rounds:
+        groups.setdefault((str(r.get("layout") or "—"), int(r["replicas"])), []).append(r)
+    lines = ["| layout | replicas | rounds | added p50 (ms) | added p90 (ms) | "
+             "single process p50 (ms) | Ray p50 (ms) |", "|---|---|---|---|---|---|---|"]
+    for (layout, replicas), rs in groups.items():
+        cells = [", ".join(f"{r[k]:.2f}" for r in rs)
+                 for k in ("added_p50_ms", "added_p90_ms", "single_p50_ms", "ray_p50_ms")]
+        lines.append(f"| {layout} | {replicas} | {len(rs)} | " + " | ".join(cells) + " |")
+    cpus = sorted({str(r.get("machine") or r.get("cpu")) for r in rounds})
+    return "\n".join(lines + ["", "CPU: " + "; ".join(cpus)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m verispec.server.ray_overhead",
                                 description=__doc__.split("\n\n")[0])
@@ -102,11 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=1, help="engine replicas (default 1)")
     p.add_argument("--url", default=None,
                    help="a running Ray endpoint of the toy pair (default: start one)")
+    p.add_argument("--table", default=None,
+                   help="print a file of this command's JSON lines as a table (nothing runs)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.table:
+        text = Path(args.table).read_text(encoding="utf-8")
+        print(table([json.loads(line) for line in text.splitlines() if line.strip()]))
+        return 0
     with launched([]) as single_url:
         if args.url:
             result = measure(single_url, args.url, args.requests, args.warmup, args.max_tokens)

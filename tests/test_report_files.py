@@ -1,0 +1,209 @@
+"""Every committed results file renders from the file alone (``benchmarks/tables.py``), and
+the rendered tables hold the figures the docs quote from it. No model is loaded and nothing
+depends on the CPU: the renderers read JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "docs" / "reports"
+
+
+@pytest.fixture(scope="module")
+def tables() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tables"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _render(tables: ModuleType, name: str) -> str:
+    text: str = tables.render(REPORTS / name)
+    return text
+
+
+def test_every_committed_file_is_known_and_renders(tables: ModuleType,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert tables.check(REPORTS) == []
+    assert tables.main(["--check", str(REPORTS)]) == 0
+    assert "every one known and rendered" in capsys.readouterr().out
+
+
+def test_an_unknown_or_broken_file_fails_the_check(tables: ModuleType, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("what is this?\n")
+    (tmp_path / "serve-broken.json").write_text("{}\n")  # a known kind that cannot render
+    (tmp_path / "specbench-1.jsonl").write_text("{}\n")  # an input: named, not an error
+    problems = tables.check(tmp_path)
+    assert len(problems) == 2
+    assert any("notes.txt" in p and "not a known kind" in p for p in problems)
+    assert any("serve-broken.json" in p for p in problems)
+    assert tables.main(["--check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "notes.txt" in out and "2 not rendered" in out
+
+
+def test_lawtest_renders_its_markdown(tables: ModuleType) -> None:
+    for run in ("lawtest-humaneval-epyc", "lawtest-llamacpp-spec-xeon-amx"):
+        md = (REPORTS / run / "lawtest.md").read_text(encoding="utf-8")
+        assert _render(tables, f"{run}/lawtest.json") + "\n" == md
+    text = _render(tables, "lawtest-humaneval-epyc/lawtest.json")
+    assert "| token | ar | 0.4985 | 0.7450 | no |" in text
+    assert "| block | ar | 0.4054 | 0.6360 | no |" in text
+
+
+def test_fidelity_figures_and_the_ratios_of_a_pair(tables: ModuleType) -> None:
+    seven = _render(tables, "int8-fidelity-7bit-zen4.json")  # against its 8-bit partner
+    assert "| int8-fidelity-7bit-zen4 | int8 | 12 | 815 | 0.00243 |" in seven
+    assert "| 0.136 | 5 of 12 |" in seven
+    assert "| int8-fidelity-8bit-zen4 | int8 | 12 | 815 | 0.00089 |" in seven
+    assert "| 0.013 | 7 of 12 |" in seven
+    assert "| 12 of 12 | 1.25–6.52 | 2.79 [" in seven
+    hadamard = _render(tables, "int8-fidelity-hadamard-7bit-xeon-amx.json")
+    assert "| 12 of 12 | 1.38–4.14 | 2.26 [" in hadamard  # Hadamard blocks, 7 / 8 bits
+    assert "| 12 of 12 | 1.67–9.34 | 2.59 [" in hadamard  # dense blocks
+    for figures in ("0.00208 | 0.00139 | 0.056 | 4 of 12", "0.00189 | 0.00125 | 0.047 | 6 of 12",
+                    "0.00086 | 0.00084 | 0.038 | 7 of 12", "0.00081 | 0.00045 | 0.015 | 8 of 12"):
+        assert figures in hadamard
+    epyc = _render(tables, "int8-fidelity-7bit-epyc.json")  # against the Xeon's 8-bit run
+    assert "| 10 of 12 | 1.16–3.45 |" in epyc  # the prompts with same-length texts
+    assert "| int8-fidelity | int8 | 12 | 980 | 0.00132 |" in epyc
+
+
+def test_draft_formats_paired_ratios(tables: ModuleType) -> None:
+    text = _render(tables, "draft-formats-xeon-vnni.json")
+    assert "| int8 | 32.6 | 37.8 | 44.2 | 1.48 |" in text
+    assert "| 0 | int4 | 14.20 | 1.124 [1.051, 1.202] over 8 prompts | 4.75 |" in text
+    assert "| 1 | int4 | 14.66 | 1.144 [0.904, 1.447] over 8 prompts | 3.43 |" in text
+    kernel = _render(tables, "draft-formats-int4-kernel-xeon-vnni.json")
+    assert "1.151 [1.086, 1.219]" in kernel and "1.072 [0.925, 1.243]" in kernel
+    subset = _render(tables, "draft-formats-subset-auto-xeon-amx.json")
+    assert "0.929 [0.825, 1.046]" in subset and "1.131 [1.019, 1.254]" in subset
+
+
+def test_draft_vocabulary_counts(tables: ModuleType) -> None:
+    text = _render(tables, "draft-vocabulary-humaneval-xeon-amx.json")
+    assert "1983 positions" in text and "at 1882" in text
+    assert "| 16384 | 1801 (95.7%) | 1866 (99.1%) | 18 |" in text
+    assert "| 32768 | 1850 (98.3%) | 1874 (99.6%) | 9 |" in text
+
+
+def test_cuda_steps_tables(tables: ModuleType) -> None:
+    bf16 = _render(tables, "cuda-steps-h100-bf16.json")
+    assert "| target | 8.07 | 8.99 | 8.88 | 8.93 | 1.11 |" in bf16
+    assert "| ar | 87.5 | 11.43 | 128 |" in bf16
+    assert "| block γ 4, draft = target copy | 100.1 | 9.99 | 29 | 3.41 |" in bf16
+    batched = _render(tables, "cuda-steps-h100-bf16-batched.json")
+    assert "| 1 | 0.954× | ar |" in batched and "| 8 | 0.928× | ar |" in batched
+    assert "| block γ auto, draft = target copy | 46.0 |" in batched
+
+
+def test_pearl_tables(tables: ModuleType) -> None:
+    text = _render(tables, "pearl-bench.json")
+    t0, t1 = text.split("T=1")
+    assert "pearl-token" in t0 and " 0.80 " in t0 and " 0.81 " in t0  # × sequential SD
+    assert " 6.66 " in t1 and " 8.20 " in t1  # accepted per phase: token, block windows
+
+
+def test_serve_reports_old_rows_ttft_and_peer_ratios(tables: ModuleType) -> None:
+    old = _render(tables, "serve-bench.json")  # rows from before configs and repeats
+    assert "TTFT p50 ms" in old
+    assert "| 0 | 1 | ar | 1 | 0 | 7.80 | 738.1 | 118.4 | 1.00 | — |" in old
+    assert "| 0 | 8 | block | 1 | 0 | 17.70 | 10092.8 | 240.1 | 5.67 | — |" in old
+    epyc = _render(tables, "serve-vs-vllm-epyc.json")
+    for line in ("| 0 | 1 | block γ=auto | vllm-spec-k4 | 1.560× |",
+                 "| 0 | 8 | ar | vllm-plain | 1.315× |",
+                 "| 0 | 16 | block γ=auto | vllm-plain | 1.828× |"):
+        assert line in epyc
+    amx = _render(tables, "serve-vs-vllm-xeon-amx.json")
+    for ratio in ("| 1.407× |", "| 1.129× |", "| 0.783× |", "| 0.600× |", "| 0.465× |"):
+        assert ratio in amx
+    assert "| 0 | 1 | ar | 1 | 0 | 6.96 | 875.1 |" in amx  # TTFT at one client
+
+
+def test_serve_report_cli_reads_the_old_rows(tmp_path: Path) -> None:
+    from verispec.bench import serve_report
+
+    out = tmp_path / "merged.json"
+    assert serve_report.main([str(out), str(REPORTS / "serve-bench.json")]) == 0
+    merged = json.loads(out.read_text())
+    assert len(merged["cells"]) == 12 and merged["peer_comparisons"] == []
+
+
+def test_files_with_renderers_before(tables: ModuleType) -> None:
+    steps = _render(tables, "step-costs-xeon-vnni.json")
+    assert "| native int8 | 77.7 | 87.8 | 95.2 | 119.9 | 1.54 |" in steps
+    kernels = _render(tables, "int4-kernels-xeon-vnni.json")
+    assert "| 9728 × 896 × 24 | 105 | 1 | 14.95 | 10.28 | 8.98 |" in kernels
+    timing = _render(tables, "draft-format-timing-xeon-vnni.json")
+    assert "| 1 | layers, streamed | 25.7 | 18.9 | int4 |" in timing
+    batch = _render(tables, "batch-gamma-b8-xeon-vnni-first-token.json")
+    assert "geometric mean 0.993 (rounds: 0.990, 0.989, 1.002)" in batch
+    ray = _render(tables, "ray-overhead-epyc-zen4.jsonl")
+    assert "| 3.52, 3.32, 2.73 | 5.92, 5.03, 3.92 | 5.21, 5.02, 4.04 |" in ray
+
+
+def test_results_files_render_the_tables_of_their_committed_reports(
+        tables: ModuleType) -> None:
+    """Every table line of a committed ``X.md`` is in the tables rendered from
+    ``X-results.jsonl`` (with ``X-meta.json``)."""
+    pairs = [(p, p.with_name(p.name.removesuffix("-results.jsonl") + ".md"))
+             for p in sorted(REPORTS.glob("*-results.jsonl"))]
+    pairs = [(r, md) for r, md in pairs if md.is_file()]
+    assert pairs
+    for results, md in pairs:
+        rendered = set(tables.render(results).splitlines())
+        committed = [line for line in md.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("|")]
+        missing = [line for line in committed if line not in rendered]
+        assert not missing, f"{results.name}: {missing[:3]}"
+
+
+def test_each_file_names_its_command(tables: ModuleType) -> None:
+    assert tables.command_of(REPORTS / "int8-fidelity-7bit-zen4.json").endswith(
+        "--against " + str(REPORTS / "int8-fidelity-8bit-zen4.json"))
+    meta = REPORTS / "main-bench-humaneval-xeon-amx-meta.json"
+    assert f"--meta {meta}" in tables.command_of(
+        REPORTS / "main-bench-humaneval-xeon-amx-results.jsonl")
+    assert tables.command_of(REPORTS / "specbench-3-per-category.jsonl") == ""
+    assert tables.kind_of(REPORTS / "notes.txt") is None
+
+
+def test_pearl_prints_while_running_what_its_file_renders(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from verispec.bench import pearl
+
+    rows = {name: pearl.Row(name, tokens=20, seconds=s, accepted=a, phases=4,
+                            busy={"draft": 1.0, "target": 1.5}, outputs=[[1], [2]])
+            for name, s, a in (("ar", 10.0, 0), ("sd-token γ=8", 8.0, 6),
+                               ("sd-block γ=8", 7.5, 7), ("pearl-block", 7.0, 9))}
+    results: dict[str, object] = {"runs": {}, "precision": ["int8", "int4"],
+                                  "max_new_tokens": 10}
+    pearl._report(rows, 0.0, 8, results)
+    printed = capsys.readouterr().out
+    assert "T=0, 2 HumanEval prompts, 10 new tokens, precision target int8, draft int4" in printed
+    assert printed.strip().splitlines() == pearl._run_lines(results, "T=0")
+    entry = results["runs"]["T=0"]["pearl-block"]  # type: ignore[index]
+    assert entry["speedup_vs_sd"] == pytest.approx(7.5 / 7.0)  # over sd-block
+    assert entry["identical_to_ar"] == [2, 2]
+
+
+def test_a_serve_run_is_merged_with_the_vllm_reports_it_is_set_against(
+        tables: ModuleType) -> None:
+    text = _render(tables, "serve-verispec-vs-vllm-xeon-vnni.json")
+    for line in ("| 0 | 1 | block γ=auto | vllm-spec-k4 | 2.254× [2.143, 2.371] |",
+                 "| 0 | 8 | ar | vllm-plain | 1.637× [1.550, 1.728] |",
+                 "| 1 | 1 | block γ=auto | vllm-plain | 2.772× [2.036, 3.773] |"):
+        assert line in text
+    first_token = _render(tables, "serve-gamma-auto-first-token-xeon-vnni.json")
+    assert "| 0 | 1 | block γ=auto | vllm-spec-k4 | 2.308× [2.186, 2.436] |" in first_token
+    assert "| 0 | 8 | block γ=auto | vllm-plain | 1.702× [1.637, 1.770] |" in first_token
