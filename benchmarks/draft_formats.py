@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import results_io
 from paired import format_interval
 from step_costs import SUBSET, torch_int4_only
 
@@ -123,7 +124,7 @@ def main() -> None:
     p.add_argument("--table", help="print the tables of a file written by --out (nothing runs)")
     args = p.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
+        print(table(results_io.read(args.table)))
         return
     formats = args.formats.split(",")
     unknown = sorted(set(formats) - set(LOADERS))

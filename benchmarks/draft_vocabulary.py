@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import results_io
 from gamma_replay import greedy_outputs
 
 from verispec.api import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -84,7 +85,7 @@ def main() -> None:
     ap.add_argument("--table", help="print the table of a file written by --out (nothing runs)")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
+        print(table(results_io.read(args.table)))
         return
     if not args.results:
         ap.error("RESULTS is required (or --table FILE)")

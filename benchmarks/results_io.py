@@ -94,11 +94,12 @@ def check_out(path: str | None) -> None:
 
 
 def write(path: str, rec: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
+    Path(path).write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n",
+                          encoding="utf-8")
 
 
 def read(path: str) -> dict[str, Any]:
-    rec: dict[str, Any] = json.loads(Path(path).read_text())
+    rec: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
     return rec
 
 

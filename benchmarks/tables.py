@@ -158,6 +158,13 @@ def _table_of(script: str, key: str | None = None) -> Renderer:
     return render
 
 
+def _script_kind(pattern: str, what: str, script: str, key: str | None = None) -> Kind:
+    """Files a ``benchmarks/`` script wrote, printed again by its ``--table`` (its ``table``
+    of the record, or of the record's ``key``)."""
+    return Kind(pattern, what, f"python benchmarks/{script}.py --table {{}}",
+                _table_of(script, key))
+
+
 #: First match wins. ``{}`` in a command is the file.
 KINDS: tuple[Kind, ...] = (
     Kind("specbench-*.jsonl", "a prompt suite (an input of the benchmarks, not results)",
@@ -178,27 +185,21 @@ KINDS: tuple[Kind, ...] = (
          _pearl),
     Kind("ray-overhead-*.jsonl", "Ray Serve router overhead",
          "python -m verispec.server.ray_overhead --table {}", _ray),
-    Kind("step-costs-*.json", "step costs", "python benchmarks/step_costs.py --table {}",
-         _table_of("step_costs", "rows")),
-    Kind("int4-kernels-*.json", "int4 kernels", "python benchmarks/int4_kernels.py --table {}",
-         _table_of("int4_kernels", "rows")),
-    Kind("draft-format-timing-*.json", "draft format timing",
-         "python benchmarks/draft_format_timing.py --table {}",
-         _table_of("draft_format_timing", "rounds")),
-    Kind("draft-formats-*.json", "draft formats side by side",
-         "python benchmarks/draft_formats.py --table {}", _table_of("draft_formats")),
-    Kind("draft-vocabulary-*.json", "draft vocabulary subsets",
-         "python benchmarks/draft_vocabulary.py --table {}", _table_of("draft_vocabulary")),
-    Kind("cuda-steps-*.json", "CUDA step costs and decoding",
-         "python benchmarks/cuda_steps.py --table {}", _table_of("cuda_steps")),
+    _script_kind("step-costs-*.json", "step costs", "step_costs", "rows"),
+    _script_kind("int4-kernels-*.json", "int4 kernels", "int4_kernels", "rows"),
+    _script_kind("draft-format-timing-*.json", "draft format timing", "draft_format_timing",
+                 "rounds"),
+    _script_kind("draft-formats-*.json", "draft formats side by side", "draft_formats"),
+    _script_kind("draft-vocabulary-*.json", "draft vocabulary subsets", "draft_vocabulary"),
+    _script_kind("cuda-steps-*.json", "CUDA step costs and decoding", "cuda_steps"),
     Kind("batch-gamma-*.json", "offline generate_batch with γ auto",
          "python benchmarks/batch_gamma.py --report {}", _batch_gamma),
-    Kind("engine-overhead-*.json", "the engine's own time per iteration",
-         "python benchmarks/engine_overhead.py --table {}", _table_of("engine_overhead")),
-    Kind("engine-guard-*.json", "one engine against a baseline checkout",
-         "python benchmarks/engine_guard.py --table {}", _table_of("engine_guard")),
-    Kind("retime-*.json", "a stale library split re-timed while running",
-         "python benchmarks/retime_stale_split.py --table {}", _table_of("retime_stale_split")),
+    _script_kind("engine-overhead-*.json", "the engine's own time per iteration",
+                 "engine_overhead"),
+    _script_kind("engine-guard-*.json", "one engine against a baseline checkout",
+                 "engine_guard"),
+    _script_kind("retime-*.json", "a stale library split re-timed while running",
+                 "retime_stale_split"),
 )
 
 

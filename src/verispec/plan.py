@@ -285,15 +285,22 @@ def pair_costs(target: CausalLM, draft: CausalLM, rows: int = 1) -> PassCosts:
     :data:`~verispec.engine.costs.BATCH_ROWS` up to the first entry ≥ ``rows`` (``rows``
     itself beyond them), so batches of 3 and 4 rows share one grid (3 is interpolated)
     instead of each timing its own."""
-    per_draft = _COSTS.setdefault(target, weakref.WeakKeyDictionary())
-    held = per_draft.setdefault(draft, {})
-    reaching = [g for g in held if g[-1] >= rows]
-    if reaching:
-        return held[min(reaching, key=lambda g: g[-1])]
+    held = _held_costs(target, draft, rows)
+    if held is not None:
+        return held
     top = next((r for r in BATCH_ROWS if r >= rows), rows)
     grid = tuple(sorted({1, top, *(r for r in BATCH_ROWS if r < top)}))
-    held[grid] = measure_costs(target, draft, rows=grid)
-    return held[grid]
+    costs = measure_costs(target, draft, rows=grid)
+    _COSTS.setdefault(target, weakref.WeakKeyDictionary()).setdefault(draft, {})[grid] = costs
+    return costs
+
+
+def _held_costs(target: CausalLM, draft: CausalLM, rows: int) -> PassCosts | None:
+    """The smallest grid this process holds for the pair that reaches ``rows`` (None: none;
+    nothing is timed here)."""
+    held = _COSTS.get(target, {}).get(draft, {})
+    reaching = [g for g in held if g[-1] >= rows]
+    return held[min(reaching, key=lambda g: g[-1])] if reaching else None
 
 
 def pair_overhead(target: CausalLM, draft: CausalLM, rows: int = 1) -> IterationOverhead:
@@ -315,14 +322,10 @@ def held_overhead(target: CausalLM, draft: CausalLM | None,
     the pair's fixed-γ requests record their iterations into it (see
     :meth:`IterationOverhead.grid_for`), as the rows of one server's engine do: their
     passes measure the shapes γ auto prices."""
-    if draft is None:
+    held = None if draft is None else _held_costs(target, draft, rows)
+    if held is None:
         return None
-    held = _COSTS.get(target, {}).get(draft, {})
-    reaching = [g for g in held if g[-1] >= rows]
-    if not reaching:
-        return None
-    grid = held[min(reaching, key=lambda g: g[-1])].batch
-    return _OVERHEAD.get(target, {}).get(draft, {}).get(id(grid))
+    return _OVERHEAD.get(target, {}).get(draft, {}).get(id(held.batch))
 
 
 def pair_history(target: CausalLM, draft: CausalLM, method: str = "",
