@@ -1,6 +1,6 @@
 """``--gamma auto`` in a batch when the start-up grid's *shape* is wrong (not only its
-level): target passes are predicted per measured shape (rows × tokens) and draft steps per
-row count, and a batch that keeps drafting decodes plainly now and then when plain decoding
+level): target passes are predicted per measured shape (rows × tokens) and an iteration's
+draft passes per rows × γ (its first pass feeds two tokens per row), and a batch that keeps drafting decodes plainly now and then when plain decoding
 is predicted close, so that a grid which priced the two wrongly against each other is
 corrected from measured passes on both sides.
 """
@@ -252,3 +252,62 @@ def test_passes_of_rows_with_a_fixed_gamma_measure_the_shapes_of_the_grid() -> N
     assert not overhead.measured(8, 2) and overhead.iterations == 1 + SHAPE_TRUSTED
     _record(overhead, FixedGamma(2), 8, 2, CHEAP_TOKENS, drafter=twin)
     assert overhead.measured(8, 2) and overhead.iterations == 1 + 2 * SHAPE_TRUSTED
+
+
+def _first_pass_grid(ratio: float) -> BatchCosts:
+    """CHEAP_TOKENS with an iteration's first draft pass (two tokens per row) at ``ratio``
+    × a one-token step over 8 rows (and over one row)."""
+    return BatchCosts(target=CHEAP_TOKENS.target, draft=DRAFT_STEP,
+                      draft_first={1: DRAFT_STEP[1], 8: ratio * DRAFT_STEP[8]})
+
+
+def test_an_iterations_first_draft_pass_is_priced_at_two_tokens_per_row() -> None:
+    """γ draft passes cost the first pass (two tokens per row) and γ − 1 steps; a grid
+    without first passes prices them as steps; a recorded grid keeps them, and a first
+    pass timed below a step is noise (raised to the step)."""
+    grid = _first_pass_grid(1.6)
+    assert grid.draft_passes(8, 0) == 0.0
+    assert grid.draft_passes(8, 3) == pytest.approx(1.6 * DRAFT_STEP[8] + 2 * DRAFT_STEP[8])
+    assert grid.draft_first_pass(4) == pytest.approx(  # interpolated in rows
+        DRAFT_STEP[1] + (1.6 * DRAFT_STEP[8] - DRAFT_STEP[1]) * 3 / 7)
+    assert CHEAP_TOKENS.draft_passes(8, 3) == pytest.approx(3 * DRAFT_STEP[8])
+    assert grid.iteration(8, 2) == pytest.approx(grid.draft_passes(8, 2)
+                                                 + grid.target_pass(8, 3))
+    assert BatchCosts.from_json(grid.to_json()) == grid
+    single = grid.single()
+    assert single.iteration(2) == pytest.approx(grid.iteration(1, 2))
+    assert _first_pass_grid(0.5).monotone().draft_first[8] == pytest.approx(DRAFT_STEP[8])
+
+
+def test_a_dear_first_draft_pass_keeps_a_batch_plain() -> None:
+    """The same target passes, acceptance and draft steps: where an 8-row first draft pass
+    costs what a step does the batch drafts, where it costs twice a step (a compute-bound
+    draft pass over 16 tokens) it decodes plainly; one row drafts on both."""
+    target = {(r, k): 0.1 + 0.01 * r + 0.005 * r * k for r in ROWS for k in KS}
+
+    def grid(ratio: float) -> BatchCosts:
+        return BatchCosts(target=target, draft=DRAFT_STEP,
+                          draft_first={1: DRAFT_STEP[1], 8: ratio * DRAFT_STEP[8]})
+
+    demands = [RowDemand(0.5, 0, MAX_GAMMA)] * 8
+    assert max(batch_choice(demands, grid(1.0))) > 0
+    assert batch_choice(demands, grid(2.0)) == [0] * 8
+    assert max(batch_choice(demands[:1], grid(2.0))) > 0
+
+
+def test_draft_passes_are_predicted_per_rows_and_gamma() -> None:
+    """Iterations of 8 rows at γ 1 whose draft passes take 1.5× the grid (the first pass
+    dearer than the grid says): γ 1 is predicted as measured, γ 3 from it with the grid's
+    shape (first pass plus steps), and only γ 1 counts as measured."""
+    grid = _first_pass_grid(1.6)
+    policy = AutoGamma(grid.single(), max_gamma=MAX_GAMMA)
+    overhead = IterationOverhead()
+    batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * 8
+    measured = 1.5 * grid.draft_passes(8, 1)
+    for _ in range(SHAPE_TRUSTED):
+        passes = (measured, grid.target_pass(8, 2))
+        overhead.record(batch, [1] * 8, sum(passes), passes)  # type: ignore[arg-type]
+    assert overhead.drift(8, 1) == pytest.approx(measured - grid.draft_passes(8, 1))
+    assert overhead.drift(8, 3) == pytest.approx(0.5 * grid.draft_passes(8, 3))
+    assert overhead.measured(8, 0) is False and overhead.draft_shapes.trusted((8, 1), 3)
+    assert not overhead.draft_shapes.fresh((8, 3), overhead.iterations)

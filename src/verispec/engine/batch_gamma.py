@@ -6,10 +6,12 @@ extra tokens cost what plain decoding of other rows would have cost. Each iterat
 batch policy chooses every ``auto`` row's γ_b to maximise the batch's expected tokens per
 second under the measured :class:`~verispec.engine.costs.BatchCosts`:
 
-    rate(γ_1..γ_R) = Σ_b E[tokens](α_b, γ_b) / (max_b γ_b · t_draft(R) + t_target(R, max_b γ_b + 1))
+    rate(γ_1..γ_R) = Σ_b E[tokens](α_b, γ_b) / (t_draft(R, max_b γ_b) + t_target(R, max_b γ_b + 1))
 
 with α_b each row's own estimate (its :class:`~verispec.engine.gamma.AutoGamma`: its
-acceptances and the pair's prior) and E[tokens] the i.i.d. model's (1 − α^{γ+1}) / (1 − α).
+acceptances and the pair's prior), E[tokens] the i.i.d. model's (1 − α^{γ+1}) / (1 − α) and
+t_draft(R, g) the g draft passes of an iteration, the first over two tokens per row
+(:meth:`~verispec.engine.costs.BatchCosts.draft_passes`).
 
 **Search.** The engine pads every row's block to the longest, so the cost depends on the
 γs only through g = max_b γ_b (and the rows a multi-draft request forks while it drafts);
@@ -42,7 +44,7 @@ gathers p and q, verifies, samples and feeds the drafters, and that work grows w
 and the drafted positions (every position handles a vocabulary-wide distribution). The
 start-up grid times passes only, and on a shared machine the passes themselves drift from
 their start-up times (a busy minute at start-up, a guest that changes speed). So each engine
-times its own iterations (:class:`IterationOverhead`): the draft steps and the target pass
+times its own iterations (:class:`IterationOverhead`): the draft passes and the target pass
 of every iteration set the current level of each kind of pass against the grid
 (:class:`PassLevel`: the grid gives the shape, recent passes the level), and the time left
 over beyond the re-levelled passes is fitted in rows and drafted positions (the engine's
@@ -53,8 +55,8 @@ the choice still depends only on the past.
 **Shapes measured, and explored.** A level cannot correct a grid whose shape is wrong (a
 start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
 target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens,
-interpolated in tokens between the shapes measured recently at those rows) and draft steps
-per row count, where measured recently, and a batch that keeps drafting while plain
+interpolated in tokens between the shapes measured recently at those rows) and an
+iteration's draft passes per rows × γ, where measured recently, and a batch that keeps drafting while plain
 decoding, on a shape not measured recently, is predicted within :data:`EXPLORE_MARGIN` of
 it (at the smaller of its grid time and its re-levelled time) decodes one iteration plainly
 every :data:`EXPLORE_EVERY` iterations (:func:`explore`), so that the comparison rests on
@@ -139,13 +141,18 @@ EXPLORE_MARGIN = 0.25
 EXPLORE_EVERY = 32
 #: A reading is a cost sunk once paid: it is paid only where it pays with every iteration of a
 #: pass shape not measured recently predicted this fraction dearer on the drafting side and
-#: cheaper on the side without the reading (a grid's shape and level, carried to shapes not
-#: measured, err by about this much; two measured shapes are compared as measured).
-READING_MARGIN = 0.1
+#: cheaper on the side without the reading (two measured shapes are compared as measured).
+#: Before a batch has drafted, its drafting rate rests on the grid, the pair's prior α and
+#: an own time learned from other shapes: the first prediction for 8 rows drafting ran
+#: about 8% above what their iterations then delivered, and rows of one length that finish
+#: at different iterations leave the batch's last iterations with fewer rows (a cost plain
+#: decoding does not have and the rate does not show): a margin of 10% still paid readings
+#: that the drafting never repaid.
+READING_MARGIN = 0.2
 
 
 class PassLevel:
-    """How fast one kind of pass (draft step, target pass) runs now relative to the start-up
+    """How fast one kind of pass (draft passes, target pass) runs now relative to the start-up
     grid: the median of measured / predicted over its last :data:`LEVEL_WINDOW` passes
     (1 before any). The grid keeps the shape (how a pass grows with rows and tokens); this
     factor follows its level."""
@@ -163,7 +170,8 @@ class PassLevel:
 
 
 class ShapeLevels:
-    """Measured times of passes per shape (cache rows R, tokens k; k = 1 for draft steps):
+    """Measured times of passes per shape (cache rows R, tokens k; for the draft passes of
+    an iteration, k = γ):
     the median of each shape's last :data:`SHAPE_WINDOW` passes, kept for
     :data:`SHAPE_FRESH` iterations after its last pass. Between the fresh shapes of one R
     the time is interpolated in k; beyond the longest it grows along their least-squares
@@ -229,9 +237,9 @@ class IterationOverhead:
     """Seconds an iteration of R cache rows with longest draft g costs beyond the passes the
     start-up grid predicts, learned from the engine's own iterations. Two parts:
 
-    * **drift of the passes**: each iteration's measured draft steps and target pass set the
-      current :class:`PassLevel` of each kind against the grid and their
-      :class:`ShapeLevels` (draft steps per row count, target passes per rows × tokens), so
+    * **drift of the passes**: each iteration's measured draft passes and target pass set
+      the current :class:`PassLevel` of each kind against the grid and their
+      :class:`ShapeLevels` (draft passes per rows × γ, target passes per rows × tokens), so
       the passes are predicted at their recently measured times where those exist and at
       the level times the grid elsewhere (beyond the grid: negative when they now run
       faster);
@@ -256,7 +264,7 @@ class IterationOverhead:
         self.explore_every = explore_every  # iterations between explorations
         self.explored = 0  # the iteration of the last exploration
         self.shapes = ShapeLevels()  # target passes per (rows, tokens)
-        self.draft_shapes = ShapeLevels()  # draft steps per (rows, 1)
+        self.draft_shapes = ShapeLevels()  # an iteration's draft passes per (rows, γ)
         self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [4, 4]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [4]
         self.coef = [0.0] * self.FEATURES  # c₀..c₃ as floats (predict runs per row and g)
@@ -280,13 +288,13 @@ class IterationOverhead:
         grid = self.grid
         if grid is None:
             return 0.0
-        planned, step = grid.target_pass(rows, g + 1), grid.draft_step(rows)
+        planned, steps = grid.target_pass(rows, g + 1), grid.draft_passes(rows, g)
         level, draft_level = self.target_level.scale, self.draft_level.scale
         target = self.shapes.seconds(rows, g + 1, self.iterations,
                                      lambda k: grid.target_pass(rows, k) * level)
-        drafted = self.draft_shapes.seconds(rows, 1, self.iterations,
-                                            lambda k: step * draft_level)
-        return (g * ((step * draft_level if drafted is None else drafted) - step)
+        drafted = None if g == 0 else self.draft_shapes.seconds(
+            rows, g, self.iterations, lambda k: grid.draft_passes(rows, k) * draft_level)
+        return ((steps * draft_level if drafted is None else drafted) - steps
                 + (planned * level if target is None else target) - planned)
 
     def predict(self, rows: int, g: int, optimistic: bool = False) -> float:
@@ -297,11 +305,11 @@ class IterationOverhead:
 
     def measured(self, rows: int, g: int) -> bool:
         """Whether the passes of an iteration of ``rows`` cache rows and longest draft g
-        (target pass and draft steps) are predicted from recent measurements of their
+        (target pass and draft passes) are predicted from recent measurements of their
         shapes (:meth:`ShapeLevels.trusted`) rather than from the grid."""
         now = self.iterations
         return self.shapes.trusted((rows, g + 1), now) and (
-            g == 0 or self.draft_shapes.trusted((rows, 1), now))
+            g == 0 or self.draft_shapes.trusted((rows, g), now))
 
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
@@ -329,7 +337,7 @@ class IterationOverhead:
     def record(self, rows: Sequence[Row], gammas: Sequence[int], seconds: float,
                passes: tuple[float, float] | None = None) -> None:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
-        acceptance), of which ``passes`` = (draft steps, target pass) when timed: recorded
+        acceptance), of which ``passes`` = (draft passes, target pass) when timed: recorded
         against :meth:`grid_for` (if any)."""
         self.drafters |= _drafters(rows, gammas, auto_only=True)
         costs = self.grid_for(rows, gammas)
@@ -341,8 +349,8 @@ class IterationOverhead:
         if passes is not None:
             drafting, scoring = passes
             if g > 0:
-                self.draft_level.observe(drafting, g * costs.draft_step(cache_rows))
-                self.draft_shapes.observe((cache_rows, 1), drafting / g, self.iterations)
+                self.draft_level.observe(drafting, costs.draft_passes(cache_rows, g))
+                self.draft_shapes.observe((cache_rows, g), drafting, self.iterations)
             self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
             self.shapes.observe((cache_rows, g + 1), scoring, self.iterations)
         self.observe(cache_rows, g,

@@ -1,11 +1,18 @@
-"""What a batched iteration costs: target passes over R rows of k tokens, draft steps over R
+"""What a batched iteration costs: target passes over R rows of k tokens, draft passes over R
 rows, measured once per machine and model pair and kept on disk.
 
 The engine's target pass pads every row to the longest block (both model back ends run an
 [R, k_max] pass), so an iteration whose rows draft γ_1..γ_R tokens costs one target pass of
-shape (R, max γ + 1) and max γ draft steps over the R rows. :class:`BatchCosts` holds the
-pass times on a grid of (R, k) and interpolates between grid points; its R = 1 slice is the
-single-row :class:`PassCosts` (with :func:`expected_tokens`, the i.i.d. model both γ policies use).
+shape (R, max γ + 1) and max γ draft passes over the R rows. The first of those passes
+feeds what the draft has not seen of the previous iteration: its bonus token and, where the
+whole block was accepted, the block's last draft token too (a draft feeds the last token it
+drafts only for a method that asks for q after the block). Every row is padded to the longest, so in a batch that pass is an [R, 2] pass
+almost always (a row alone: whenever its block was accepted whole), and where a draft pass
+over many rows is compute bound it costs well above a one-token step: the first pass is
+timed apart (:attr:`BatchCosts.draft_first`) and priced at two tokens per row.
+:class:`BatchCosts` holds the pass times on a grid of (R, k) and interpolates between grid
+points; its R = 1 slice is the single-row :class:`PassCosts` (with :func:`expected_tokens`,
+the i.i.d. model both γ policies use).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class PassCosts:
         target: k -> seconds, for the k timed (others are interpolated).
         draft: seconds of one draft forward pass of one token.
         draft_prefill: seconds per token of the draft's prefill of a prompt (0: free).
+        draft_first: seconds of an iteration's first draft pass, which feeds two tokens (the
+            module docstring; None: as ``draft``).
         batch: the pair's costs over batches of rows, of which these are the one-row slice
             (None: measured for one row only; batch choices then fall back to per-row ones).
     """
@@ -73,6 +82,7 @@ class PassCosts:
     draft: float
     draft_prefill: float = 0.0
     batch: BatchCosts | None = field(default=None, compare=False, repr=False)
+    draft_first: float | None = None
 
     def target_pass(self, k: int) -> float:
         """Seconds of a target pass over k tokens (linear between timed sizes)."""
@@ -95,12 +105,19 @@ class PassCosts:
         """c = target step / draft step."""
         return self.target_pass(1) / self.draft
 
+    def draft_passes(self, gamma: int) -> float:
+        """Seconds of the γ draft passes of an iteration (the first over two tokens)."""
+        if gamma <= 0:
+            return 0.0
+        first = self.draft if self.draft_first is None else self.draft_first
+        return first + (gamma - 1) * self.draft
+
     def iteration(self, gamma: int, overhead: Overhead | None = None) -> float:
-        """Seconds of one iteration that drafts γ tokens: γ draft steps and a target pass
+        """Seconds of one iteration that drafts γ tokens: γ draft passes and a target pass
         over γ + 1 tokens, plus ``overhead(γ)`` (the engine's own time beyond the passes)
         when given."""
         extra = 0.0 if overhead is None else overhead(gamma)
-        return gamma * self.draft + self.target_pass(gamma + 1) + extra
+        return self.draft_passes(gamma) + self.target_pass(gamma + 1) + extra
 
     def saving(self, alpha: float, gamma: int, overhead: Overhead | None = None) -> float:
         """Seconds per token that drafting γ tokens at acceptance α saves over plain
@@ -124,7 +141,7 @@ BATCH_ROWS = (1, 2, 4, 8)
 #: a batched pass is compute bound well before that, so its time grows linearly).
 BATCH_MAX_K = 8
 #: Version of the on-disk record; a record of another version is measured again.
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 
 def interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
@@ -157,11 +174,15 @@ class BatchCosts:
             (every timed R with at least two timed k, or one k = 1).
         draft: R -> seconds of one draft step (one token into each of R rows).
         draft_prefill: seconds per token of the draft's prefill of a prompt (0: free).
+        draft_first: R -> seconds of an iteration's first draft pass (two tokens into each
+            of R rows: the module docstring); R not timed: interpolated, none timed: as
+            ``draft``.
     """
 
     target: dict[tuple[int, int], float]
     draft: dict[int, float]
     draft_prefill: float = 0.0
+    draft_first: dict[int, float] = field(default_factory=dict)
 
     @cached_property
     def rows(self) -> tuple[int, ...]:
@@ -186,6 +207,11 @@ class BatchCosts:
         rs = sorted(self.draft)
         return rs, [self.draft[r] for r in rs]
 
+    @cached_property
+    def _first_curve(self) -> tuple[list[int], list[float]]:
+        rs = sorted(self.draft_first)
+        return rs, [self.draft_first[r] for r in rs]
+
     def target_pass(self, rows: int, k: int) -> float:
         """Seconds of a target pass over ``rows`` rows of k tokens: linear in k at every
         timed row count, then linear in the rows between them (bilinear on a full grid)."""
@@ -196,16 +222,28 @@ class BatchCosts:
         """Seconds of one draft step over ``rows`` rows (linear between timed counts)."""
         return interpolate(*self._draft_curve, rows)
 
+    def draft_first_pass(self, rows: int) -> float:
+        """Seconds of an iteration's first draft pass over ``rows`` rows (two tokens each)."""
+        if not self.draft_first:
+            return self.draft_step(rows)
+        return interpolate(*self._first_curve, rows)
+
+    def draft_passes(self, rows: int, gamma: int) -> float:
+        """Seconds of the γ draft passes of an iteration over ``rows`` rows."""
+        if gamma <= 0:
+            return 0.0
+        return self.draft_first_pass(rows) + (gamma - 1) * self.draft_step(rows)
+
     def iteration(self, rows: int, gamma: int) -> float:
         """Seconds of one iteration of ``rows`` rows whose longest draft is γ tokens: γ
-        draft steps over the rows and one padded target pass over γ + 1 tokens per row."""
-        return gamma * self.draft_step(rows) + self.target_pass(rows, gamma + 1)
+        draft passes over the rows and one padded target pass over γ + 1 tokens per row."""
+        return self.draft_passes(rows, gamma) + self.target_pass(rows, gamma + 1)
 
     def single(self) -> PassCosts:
         """The R = 1 slice as single-row costs, this grid attached for batch choices."""
         return PassCosts(target={k: self.target[(1, k)] for k in self.ks(1)},
                          draft=self.draft_step(1), draft_prefill=self.draft_prefill,
-                         batch=self)
+                         batch=self, draft_first=self.draft_first_pass(1))
 
     def describe(self) -> str:
         """How a pass grows with rows: T(R, 1) / T(1, 1) and, at the most rows timed, V(k)."""
@@ -215,13 +253,16 @@ class BatchCosts:
                             for r in self.rows if r > 1)
                 + f"; at R={top}: " + ", ".join(
                     f"V({k}) {self.target_pass(top, k) / self.target_pass(top, 1):.2f}"
-                    for k in self.ks(top) if k > 1))
+                    for k in self.ks(top) if k > 1)
+                + f"; draft pass of 2 tokens / 1 at R={top}: "
+                f"{self.draft_first_pass(top) / self.draft_step(top):.2f}")
 
     def monotone(self) -> BatchCosts:
         """The grid made non-decreasing in tokens at every row count, then in rows at every
-        k, and the draft step in rows (least-squares isotonic fits): a pass over more work
-        is never cheaper, so a timing that says so is noise (a busy moment during the
-        start-up timing) that would otherwise make the policy favour that shape."""
+        k, and the draft passes in rows, a first pass never below a step (least-squares
+        isotonic fits): a pass over more work is never cheaper, so a timing that says so is
+        noise (a busy moment during the start-up timing) that would otherwise make the
+        policy favour that shape."""
         target = dict(self.target)
         lines = [[(r, k) for k in self.ks(r)] for r in self.rows]
         lines += [[(r, k) for r in self.rows if (r, k) in target]
@@ -230,18 +271,25 @@ class BatchCosts:
             target.update(zip(line, _isotonic([target[x] for x in line]), strict=True))
         rs = sorted(self.draft)
         draft = dict(zip(rs, _isotonic([self.draft[r] for r in rs]), strict=True))
-        return BatchCosts(target=target, draft=draft, draft_prefill=self.draft_prefill)
+        steps = sorted(draft), [draft[r] for r in sorted(draft)]
+        rs = sorted(self.draft_first)
+        first = {r: max(t, interpolate(*steps, r)) for r, t in
+                 zip(rs, _isotonic([self.draft_first[r] for r in rs]), strict=True)}
+        return BatchCosts(target=target, draft=draft, draft_prefill=self.draft_prefill,
+                          draft_first=first)
 
     def to_json(self) -> dict[str, object]:
         return {"target": [[r, k, t] for (r, k), t in sorted(self.target.items())],
                 "draft": [[r, t] for r, t in sorted(self.draft.items())],
+                "draft_first": [[r, t] for r, t in sorted(self.draft_first.items())],
                 "draft_prefill": self.draft_prefill}
 
     @classmethod
     def from_json(cls, data: dict) -> BatchCosts:  # type: ignore[type-arg]
         return cls(target={(int(r), int(k)): float(t) for r, k, t in data["target"]},
                    draft={int(r): float(t) for r, t in data["draft"]},
-                   draft_prefill=float(data["draft_prefill"]))
+                   draft_prefill=float(data["draft_prefill"]),
+                   draft_first={int(r): float(t) for r, t in data.get("draft_first", [])})
 
 
 def machine_signature(device: torch.device, int8: bool = False) -> str:
@@ -298,7 +346,8 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
                     rows: Sequence[int], ks: Sequence[int], refresh: bool = False) -> BatchCosts:
     """The pair's :class:`BatchCosts`: read from its record when one exists for this key
     (models, precisions, machine, grid), else timed (target passes over :func:`grid_shapes`
-    and draft steps over ``rows``, in turns, and the draft's prefill of ``context`` tokens)
+    and draft passes of one and two tokens over ``rows``, in turns, and the draft's prefill
+    of ``context`` tokens)
     and recorded. ``refresh`` times again whatever is recorded. Only models loaded from a
     directory (a ``source``) are recorded: a model built in memory (toy tables, test
     doubles) is not identified by its name, so it is timed afresh in every process. The
@@ -316,10 +365,11 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
     from verispec.models.timing import grid_costs, prefill_cost
 
     steps = sorted(set(rows))
-    timed, step = grid_costs([(target, shapes), (draft, [(r, 1) for r in steps])],
+    timed, step = grid_costs([(target, shapes), (draft, [(r, k) for r in steps for k in (1, 2)])],
                              context=context, reps=reps)
     costs = BatchCosts(target=timed, draft={r: step[(r, 1)] for r in steps},
-                       draft_prefill=prefill_cost(draft, context, reps=reps) / context)
+                       draft_prefill=prefill_cost(draft, context, reps=reps) / context,
+                       draft_first={r: step[(r, 2)] for r in steps})
     record = {"target": target.name, "draft": draft.name, "context": context,
               "costs": costs.to_json()}
     if not recorded:
@@ -337,7 +387,7 @@ def measure_costs(target: CausalLM, draft: CausalLM, *, context: int = 128,
                   reps: int = TIMING_REPS, rows: Sequence[int] | None = None,
                   refresh: bool = False) -> PassCosts:
     """Time target passes over R rows of k tokens (R in ``rows``, default
-    :data:`BATCH_ROWS`; k in ``PROBE_SIZES``) and draft steps
+    :data:`BATCH_ROWS`; k in ``PROBE_SIZES``) and draft passes of one and two tokens
     over R rows after ``context`` tokens, in turns within each repetition
     (:func:`~verispec.models.timing.grid_costs`), and the draft's prefill of ``context``
     tokens (on spawned models: the callers' rows are untouched). The times are recorded
