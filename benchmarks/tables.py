@@ -150,6 +150,30 @@ def _batch_gamma(path: Path) -> str:
     return out.getvalue()
 
 
+def _pass_costs(path: Path) -> str:
+    """The start-up grid of a timing record as measured: target passes over R rows of k
+    tokens, and the draft's one-token step and first pass (two tokens per row)."""
+    from verispec.engine.costs import BatchCosts
+
+    record = _json(path)
+    costs = BatchCosts.from_json(record["costs"])
+    ks = sorted({k for _, k in costs.target})
+    lines = [f"{record['target']} / {record['draft']}, context {record['context']} tokens "
+             "(ms, as measured)", "",
+             "| R | " + " | ".join(f"target k = {k}" for k in ks)
+             + " | draft step | draft first pass | first / step |",
+             "|---|" + "---|" * (len(ks) + 3)]
+    for r in costs.rows:
+        cells = [f"{costs.target[(r, k)] * 1e3:.1f}" if (r, k) in costs.target else ""
+                 for k in ks]
+        step, first = costs.draft.get(r), costs.draft_first.get(r)
+        draft = [f"{t * 1e3:.1f}" if t is not None else "" for t in (step, first)]
+        ratio = f"{first / step:.2f}" if step and first else ""
+        lines.append(f"| {r} | " + " | ".join(cells + draft + [ratio]) + " |")
+    lines.append(f"\ndraft prefill {costs.draft_prefill * 1e3:.2f} ms per prompt token")
+    return "\n".join(lines) + "\n"
+
+
 def _table_of(script: str, key: str | None = None) -> Renderer:
     """A script's ``table`` of the file's record (or of its ``key``)."""
     def render(path: Path) -> str:
@@ -192,6 +216,9 @@ KINDS: tuple[Kind, ...] = (
     _script_kind("draft-formats-*.json", "draft formats side by side", "draft_formats"),
     _script_kind("draft-vocabulary-*.json", "draft vocabulary subsets", "draft_vocabulary"),
     _script_kind("cuda-steps-*.json", "CUDA step costs and decoding", "cuda_steps"),
+    Kind("pass-costs-*.json", "the start-up pass-cost grid γ auto decides from (a record "
+         "verispec writes under its cache directory at the first γ auto call)", "",
+         _pass_costs),
     Kind("batch-gamma-*.json", "offline generate_batch with γ auto",
          "python benchmarks/batch_gamma.py --report {}", _batch_gamma),
     _script_kind("engine-overhead-*.json", "the engine's own time per iteration",
