@@ -1,8 +1,9 @@
 """``--gamma auto`` in a batch when the start-up grid's *shape* is wrong (not only its
 level): target passes are predicted per measured shape (rows × tokens) and an iteration's
-draft passes per rows × γ (its first pass feeds two tokens per row), and a batch that keeps drafting decodes plainly now and then when plain decoding
-is predicted close, so that a grid which priced the two wrongly against each other is
-corrected from measured passes on both sides.
+draft passes per rows × γ (its first pass feeds two tokens per row), and a batch that keeps
+drafting decodes plainly now and then when plain decoding is predicted close, so that a grid
+which priced the two wrongly against each other is corrected from measured passes on both
+sides.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ extra tokens cost what plain decoding of other rows would have cost. Each iterat
 batch policy chooses every ``auto`` row's γ_b to maximise the batch's expected tokens per
 second under the measured :class:`~verispec.engine.costs.BatchCosts`:
 
-    rate(γ_1..γ_R) = Σ_b E[tokens](α_b, γ_b) / (t_draft(R, max_b γ_b) + t_target(R, max_b γ_b + 1))
+    rate(γ_1..γ_R) = Σ_b E[tokens](α_b, γ_b) / (t_draft(R, g) + t_target(R, g + 1)),
+    g = max_b γ_b
 
 with α_b each row's own estimate (its :class:`~verispec.engine.gamma.AutoGamma`: its
 acceptances and the pair's prior), E[tokens] the i.i.d. model's (1 − α^{γ+1}) / (1 − α) and
@@ -56,13 +57,13 @@ the choice still depends only on the past.
 start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
 target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens,
 interpolated in tokens between the shapes measured recently at those rows) and an
-iteration's draft passes per rows × γ, where measured recently, and a batch that keeps drafting while plain
-decoding, on a shape not measured recently, is predicted within :data:`EXPLORE_MARGIN` of
-it (at the smaller of its grid time and its re-levelled time) decodes one iteration plainly
-every :data:`EXPLORE_EVERY` iterations (:func:`explore`), so that the comparison rests on
-measured passes on both sides. (Not the other way: before drafting, the drafts of a plain
-batch would read what was decoded since they last drafted.) Exploring too is decided from
-past iterations only.
+iteration's draft passes per rows × γ, where measured recently, and a batch that keeps
+drafting while plain decoding, on a shape not measured recently, is predicted within
+:data:`EXPLORE_MARGIN` of it (at the smaller of its grid time and its re-levelled time)
+decodes one iteration plainly every :data:`EXPLORE_EVERY` iterations (:func:`explore`), so
+that the comparison rests on measured passes on both sides. (Not the other way: before
+drafting, the drafts of a plain batch would read what was decoded since they last drafted.)
+Exploring too is decided from past iterations only.
 """
 
 from __future__ import annotations

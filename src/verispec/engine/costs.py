@@ -6,10 +6,11 @@ The engine's target pass pads every row to the longest block (both model back en
 shape (R, max γ + 1) and max γ draft passes over the R rows. The first of those passes
 feeds what the draft has not seen of the previous iteration: its bonus token and, where the
 whole block was accepted, the block's last draft token too (a draft feeds the last token it
-drafts only for a method that asks for q after the block). Every row is padded to the longest, so in a batch that pass is an [R, 2] pass
-almost always (a row alone: whenever its block was accepted whole), and where a draft pass
-over many rows is compute bound it costs well above a one-token step: the first pass is
-timed apart (:attr:`BatchCosts.draft_first`) and priced at two tokens per row.
+drafts only for a method that asks for q after the block). Every row is padded to the
+longest, so in a batch that pass is an [R, 2] pass almost always (a row alone: whenever its
+block was accepted whole), and where a draft pass over many rows is compute bound it costs
+well above a one-token step: the first pass is timed apart (:attr:`BatchCosts.draft_first`)
+and priced at two tokens per row.
 :class:`BatchCosts` holds the pass times on a grid of (R, k) and interpolates between grid
 points; its R = 1 slice is the single-row :class:`PassCosts` (with :func:`expected_tokens`,
 the i.i.d. model both γ policies use).
@@ -365,8 +366,9 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
     from verispec.models.timing import grid_costs, prefill_cost
 
     steps = sorted(set(rows))
-    timed, step = grid_costs([(target, shapes), (draft, [(r, k) for r in steps for k in (1, 2)])],
-                             context=context, reps=reps)
+    draft_shapes = [(r, k) for r in steps for k in (1, 2)]  # one-token steps, first passes
+    timed, step = grid_costs([(target, shapes), (draft, draft_shapes)], context=context,
+                             reps=reps)
     costs = BatchCosts(target=timed, draft={r: step[(r, 1)] for r in steps},
                        draft_prefill=prefill_cost(draft, context, reps=reps) / context,
                        draft_first={r: step[(r, 2)] for r in steps})
