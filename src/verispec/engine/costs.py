@@ -64,6 +64,11 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
+def _draft_passes(first: float, step: float, gamma: int) -> float:
+    """Seconds of an iteration's γ draft passes: its first pass, then γ − 1 one-token steps."""
+    return first + (gamma - 1) * step if gamma > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class PassCosts:
     """Measured seconds of one target pass over k tokens, of one draft step and of the
@@ -108,10 +113,8 @@ class PassCosts:
 
     def draft_passes(self, gamma: int) -> float:
         """Seconds of the γ draft passes of an iteration (the first over two tokens)."""
-        if gamma <= 0:
-            return 0.0
         first = self.draft if self.draft_first is None else self.draft_first
-        return first + (gamma - 1) * self.draft
+        return _draft_passes(first, self.draft, gamma)
 
     def iteration(self, gamma: int, overhead: Overhead | None = None) -> float:
         """Seconds of one iteration that drafts γ tokens: γ draft passes and a target pass
@@ -231,9 +234,9 @@ class BatchCosts:
 
     def draft_passes(self, rows: int, gamma: int) -> float:
         """Seconds of the γ draft passes of an iteration over ``rows`` rows."""
-        if gamma <= 0:
+        if gamma <= 0:  # nothing to interpolate
             return 0.0
-        return self.draft_first_pass(rows) + (gamma - 1) * self.draft_step(rows)
+        return _draft_passes(self.draft_first_pass(rows), self.draft_step(rows), gamma)
 
     def iteration(self, rows: int, gamma: int) -> float:
         """Seconds of one iteration of ``rows`` rows whose longest draft is γ tokens: γ
