@@ -1,10 +1,16 @@
 """Offline ``generate_batch`` with γ auto against ``ar`` and fixed γ at one batch size.
 
 The embedded pair (int8 where the CPU allows it), the first 8 HumanEval prompts, every
-prompt decoding exactly ``--tokens`` tokens (EOS ignored), seeds 0..7, each configuration
-in ``--repeats`` rounds (round r starts its rotation of the configurations at the r-th, so no
+prompt decoding exactly ``--tokens`` tokens (EOS ignored), each configuration in
+``--repeats`` rounds (round r starts its rotation of the configurations at the r-th, so no
 configuration always runs first) after one short warm-up call at the same batch size (which
-times γ auto's pass-cost grid for it, once per machine):
+times γ auto's pass-cost grid for it, once per machine). Round r samples with seeds
+8r..8r+7 (``--seeds per-round``, the default) or every round with seeds 0..7 (``--seeds
+fixed``). At T > 0 a configuration's throughput depends on the text it samples, and
+different γ sample different texts from the same seeds: with fixed seeds every round of a
+fixed-γ configuration times the same texts again while γ auto, whose choices follow the
+measured times, samples new ones; fresh seeds per round make every configuration's rounds
+samples of its texts alike (at T = 0 the texts do not depend on the seeds):
 
     python benchmarks/batch_gamma.py --batch 8 --temperature 0 --tokens 64 --gammas 2,4 --repeats 3
 
@@ -13,8 +19,10 @@ included) and the number of batched target passes per configuration and round, t
 per configuration (with where its seconds went: the target's prompt reading, the draft's
 steps with its own readings of the prompts, the target's passes, verification), and γ auto
 over the best of the others in the same round (geometric mean over the rounds, and each
-round's ratio); ``--out FILE`` keeps the rounds and the machine as
-JSON, ``--report FILE`` prints the same summary from such a file.
+round's ratio), and γ auto's tokens per second over all rounds against the best other's
+(every configuration decodes the same tokens per round: all rows' tokens over all the
+rounds' seconds); ``--out FILE`` keeps the rounds and the machine as JSON, ``--report FILE``
+prints the same summary from such a file.
 """
 
 from __future__ import annotations
@@ -46,12 +54,14 @@ def run(args: argparse.Namespace) -> dict:
     generate_batch(pair.target, pair.draft, prompts[:args.batch], method="block", gamma="auto",
                    temperature=args.temperature, max_new_tokens=4, batch_size=args.batch)
     rounds: list[dict[str, dict[str, float]]] = []
+    seeds = [[PROMPTS * (r if args.seeds == "per-round" else 0) + i for i in range(PROMPTS)]
+             for r in range(args.repeats)]
     for r in range(args.repeats):
         cells: dict[str, dict[str, float]] = {}
         for method, gamma in configs[r % len(configs):] + configs[:r % len(configs)]:
             start = time.perf_counter()
             out = generate_batch(pair.target, pair.draft, prompts, method=method, gamma=gamma,
-                                 temperature=args.temperature, seeds=list(range(PROMPTS)),
+                                 temperature=args.temperature, seeds=seeds[r],
                                  max_new_tokens=args.tokens, batch_size=args.batch,
                                  ignore_eos=True)
             wall = time.perf_counter() - start
@@ -70,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
             "prompts": PROMPTS, "machine": machine_description(),
             "command": "python benchmarks/batch_gamma.py " + " ".join(
                 f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "report")),
-            "rounds": rounds}
+            "seeds": seeds, "rounds": rounds}
 
 
 def summarize(record: dict) -> None:
@@ -97,6 +107,20 @@ def summarize(record: dict) -> None:
     print(f"γ auto / best other in the same round: geometric mean "
           f"{statistics.geometric_mean(ratios):.3f} (rounds: "
           + ", ".join(f"{x:.3f}" for x in ratios) + ")")
+    pooled = {name: sum(x[name]["tokens_per_s"] * x[name]["wall_s"] for x in rounds)
+              / sum(x[name]["wall_s"] for x in rounds)
+              for name in rounds[0] if all("wall_s" in x[name] for x in rounds)}
+    if "block γ=auto" in pooled and len(pooled) > 1:
+        best = max((k for k in pooled if k != "block γ=auto"), key=pooled.__getitem__)
+        print(f"over all rounds ({'seeds per round' if _fresh_seeds(record) else 'seeds 0..7'}"
+              f"): γ auto {pooled['block γ=auto']:.2f} tok/s / {best} {pooled[best]:.2f} = "
+              f"{pooled['block γ=auto'] / pooled[best]:.3f}")
+
+
+def _fresh_seeds(record: dict) -> bool:
+    """Whether the rounds sampled with different seeds (records from before kept none)."""
+    seeds = record.get("seeds") or [[]]
+    return any(s != seeds[0] for s in seeds)
 
 
 def main() -> None:
@@ -107,6 +131,8 @@ def main() -> None:
     p.add_argument("--gammas", default="2,4", help="fixed γ values besides auto and ar")
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of every configuration (round r starts at the r-th)")
+    p.add_argument("--seeds", choices=("per-round", "fixed"), default="per-round",
+                   help="round r samples with seeds 8r..8r+7, or every round with 0..7")
     p.add_argument("--out", default="", help="write the rounds as JSON here")
     p.add_argument("--report", default="",
                    help="print the summary of a JSON written by --out (nothing is run)")

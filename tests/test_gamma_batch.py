@@ -325,18 +325,19 @@ def test_the_drafts_reading_of_a_prompt_is_not_counted_as_overhead() -> None:
 
 def test_a_rows_reading_is_the_batchs_decision_until_the_draft_has_read() -> None:
     """In a batch a row's bounds are its policy's (min_gamma, max_gamma) whether or not its
-    draft has read, once it has its first token (before it, (0, 0): the first token is
-    decoded plainly); what the reading would cost now (context and tokens decoded so far)
-    and the tokens it must pay back over are the policy's; once it has drafted, the
-    reading is paid."""
+    draft has read (before its first token too: the batch decides, see below); what the
+    reading would cost now (context and tokens decoded so far) and the tokens it must pay
+    back over are the policy's; once it has drafted, the reading is paid."""
     costs = BatchCosts(target=FLAT.target, draft=DRAFT_STEP, draft_prefill=0.01).single()
     policy = AutoGamma(costs, max_gamma=MAX_GAMMA)
     policy.start(100, 64)
-    assert policy.batch_bounds() == (0, 0) and not policy.drafting
+    assert policy.batch_bounds() == (0, MAX_GAMMA) and not policy.drafting
+    assert policy.reading_deferred
     assert policy.reading_seconds == pytest.approx(1.0)
     assert policy.payback_tokens == pytest.approx(0.5 * 64)  # PAYBACK_SHARE of the budget
     policy.observe(0, 0)  # one token decoded plainly: the reading grows, so does the payback
     assert policy.batch_bounds() == (0, MAX_GAMMA) and not policy.drafting
+    assert not policy.reading_deferred
     assert policy.reading_seconds == pytest.approx(1.01)
     assert policy.payback_tokens == pytest.approx(1 + 0.5 * 64)
     policy.observe(2, 1)  # it drafted: its draft has read the context
@@ -412,6 +413,40 @@ def test_a_batch_reads_the_drafts_context_only_when_the_batch_gains() -> None:
     for policy, g in zip(reading, got, strict=True):
         policy.observe(g, 0)  # they drafted: their drafts read the contexts
     assert all(p.drafting for p in reading)
+
+
+def test_a_row_admitted_into_a_decoding_batch_may_read_before_its_first_token() -> None:
+    """On the flat grid, where a batch of 4 repays a 0.1 s reading: a new row admitted
+    beside 3 rows that draft reads and drafts at its first iteration (else it would be
+    padded to their block for one token), and so do three new rows beside a row out of
+    room (together they repay their readings); with every row new (a batch admitted
+    at once) the first tokens are decoded plainly, and a reading that does not pay (100 s)
+    is not made even beside drafting rows."""
+    grid = BatchCosts(FLAT.target, FLAT.draft, draft_prefill=1e-3)  # one batch, one grid
+
+    def new_row(context: int = 100) -> AutoGamma:
+        policy = AutoGamma(grid.single(), max_gamma=MAX_GAMMA)
+        policy.start(context, 100)  # reading context × 1 ms
+        return policy
+
+    def drafting(accepted: float, tested: float) -> AutoGamma:
+        policy = new_row()
+        policy.observe(MAX_GAMMA, MAX_GAMMA)  # it has drafted: its reading is paid
+        policy.accepted, policy.tested = accepted, tested
+        return policy
+
+    assert new_row().reading_deferred
+    beside = [drafting(40.0, 50.0) for _ in range(3)]
+    assert all(g > 0 for g in choose_gammas(_rows(beside), [MAX_GAMMA] * 3))  # type: ignore[arg-type]
+    got = choose_gammas(_rows([*beside, new_row()]), [MAX_GAMMA] * 4)  # type: ignore[arg-type]
+    assert all(g > 0 for g in got)
+    dear = choose_gammas(_rows([*beside, new_row(100_000)]), [MAX_GAMMA] * 4)  # type: ignore[arg-type]
+    assert dear[-1] == 0 and all(g > 0 for g in dear[:3])
+    turnover = choose_gammas(_rows([beside[0], *[new_row() for _ in range(3)]]),  # type: ignore[arg-type]
+                             [0, MAX_GAMMA, MAX_GAMMA, MAX_GAMMA])
+    assert turnover[0] == 0 and all(g > 0 for g in turnover[1:])
+    assert choose_gammas(_rows([new_row() for _ in range(4)]),  # type: ignore[arg-type]
+                         [MAX_GAMMA] * 4) == [0] * 4
 
 
 def test_a_fixed_length_request_reads_when_its_remaining_tokens_repay_the_reading() -> None:

@@ -33,6 +33,11 @@ nothing irreversible: so a side whose pass shapes the engine has not measured re
 priced :data:`READING_MARGIN` against the reading (the drafting side dearer, the other
 cheaper). Where plain and drafting batches are predicted within that margin of each other
 from the grid alone, the batch decodes plainly, and measures the plain shape as it does.
+A batch whose rows all wait for their first token (admitted at once) decodes it plainly, so
+that no time to first token includes a reading; a row admitted into a batch that is already
+decoding is a reader from its first iteration: held at γ = 0 it would be padded to the
+batch's block for one token, and with another row out of room or not yet read, keep the
+batch plain.
 
 The choice depends only on the past (the rows' observed acceptances and the costs timed at
 start-up), never on the current draft, so every lossless method stays lossless. A batch of
@@ -425,11 +430,13 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     if costs is None or len(rows) == 1:
         alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
         return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
+    # a batch admitted at once decodes its first tokens plainly (none includes a reading)
+    first = all(isinstance(p, AutoGamma) and p.reading_deferred for p in policies)
     demands, readings = [], {}
     for b, (row, policy, cap) in enumerate(zip(rows, policies, caps, strict=True)):
         if isinstance(policy, AutoGamma):
             floor, top = policy.batch_bounds()
-            top = max(min(top, cap), 0)
+            top = 0 if first else max(min(top, cap), 0)
             demands.append(RowDemand(policy.alpha, min(floor, top), top, row.num_drafts))
             if not policy.drafting and top > 0:
                 readings[b] = (policy.reading_seconds, policy.payback_tokens)

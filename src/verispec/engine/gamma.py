@@ -134,18 +134,19 @@ class AutoGamma:
     current.
 
     The draft model reads a request's context at its first draft, which costs
-    ``costs.draft_prefill`` per token. The first token is always decoded plainly, so the
-    time to it never includes that reading. A request starts drafting once that reading is
-    expected to pay back: when it costs no more than the time drafting saves (at the
-    estimated α and best γ) over the tokens decoded so far plus ``PAYBACK_SHARE`` of the
-    budget. A short prompt drafts from the second token; a long one with a small budget is
-    decoded plainly until its output proves long (as in ski rental: by the estimate, the
-    wait loses at most what one reading costs). A request of fixed length (EOS ignored)
-    knows how many tokens it has left: it reads as soon as they would repay the reading.
-    While it waits it does not probe (a probe would need the reading). So that a
-    pessimistic prior cannot keep a pair from ever drafting, requests with a
-    :class:`PairHistory` that knows fewer than ``HISTORY_MIN`` positions draft at least one
-    token per iteration, from the second token: they pay a prompt
+    ``costs.draft_prefill`` per token. Alone, the first token is always decoded plainly, so
+    the time to it never includes that reading (admitted into a batch that is already
+    decoding, its first iteration may read and draft: :meth:`batch_bounds`). A request
+    starts drafting once that reading is expected to pay back: when it costs no more than
+    the time drafting saves (at the estimated α and best γ) over the tokens decoded so far
+    plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second token; a
+    long one with a small budget is decoded plainly until its output proves long (as in
+    ski rental: by the estimate, the wait loses at most what one reading costs). A request
+    of fixed length (EOS ignored) knows how many tokens it has left: it reads as soon as
+    they would repay the reading. While it waits it does not probe (a probe would need the
+    reading). So that a pessimistic prior cannot keep a pair from ever drafting, requests
+    with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN`` positions draft at
+    least one token per iteration, from the second token: they pay a prompt
     reading to learn the pair's acceptance for the requests after them — alone, not in a
     batch: there a drafting row pads every row's pass to its block, which costs the batch
     more than the learning is worth. In a batch of several rows the engine chooses every
@@ -220,9 +221,10 @@ class AutoGamma:
 
     @property
     def reading_deferred(self) -> bool:
-        """The draft has not read the context and the request has no token yet: its first
-        token is decoded plainly, so that the time to it never includes the draft's reading
-        (nor, in a batch, the readings of rows admitted beside it)."""
+        """The draft has not read the context and the request has no token yet: alone, its
+        first token is decoded plainly, so that the time to it never includes the draft's
+        reading; in a batch, where every row waits for its first token
+        (:meth:`batch_bounds`)."""
         return not self.drafting and self.emitted == 0
 
     def _reading_pays(self, saving: float) -> bool:
@@ -256,13 +258,17 @@ class AutoGamma:
         ``min_gamma`` and ``max_gamma``. Whether a row whose draft has not read the context
         yet may draft (and so read) is the batch's decision: it prices the reading
         (:attr:`reading_seconds`, over :attr:`payback_tokens`) against what the batch gains
-        by drafting that row. Neither a new pair nor a periodic probe makes a row draft
-        here: one drafting row pads the pass of every row of the batch to its block, so a
-        new pair is judged at its prior α and learned by requests that run alone. A row the
-        batch keeps at γ = 0 keeps its estimate of α until it drafts again (alone, it
-        probes as before)."""
+        by drafting that row — before the row's first token (:attr:`reading_deferred`) too,
+        unless every row of the batch waits for its first token (a batch admitted at once
+        decodes it plainly): admitted into a batch that is already decoding, its first
+        token comes from the batch's iteration whatever that is, and a row held at γ = 0
+        would still be padded to the batch's block. Neither a new pair nor a periodic probe
+        makes a row draft here: one drafting row pads the pass of every row of the batch to
+        its block, so a new pair is judged at its prior α and learned by requests that run
+        alone. A row the batch keeps at γ = 0 keeps its estimate of α until it drafts again
+        (alone, it probes as before)."""
         self._first_choice()
-        return self.min_gamma, 0 if self.reading_deferred else self.max_gamma
+        return self.min_gamma, self.max_gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
