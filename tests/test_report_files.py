@@ -148,8 +148,12 @@ def test_files_with_renderers_before(tables: ModuleType) -> None:
     assert "| 1 | layers, streamed | 25.7 | 18.9 | int4 |" in timing
     batch = _render(tables, "batch-gamma-b8-xeon-vnni-first-token.json")
     assert "geometric mean 0.993 (rounds: 0.990, 0.989, 1.002)" in batch
-    batch = _render(tables, "batch-gamma-b8-xeon-vnni.json")
+    batch = _render(tables, "batch-gamma-b8-xeon-vnni-first-pass.json")
     assert "geometric mean 0.997 (rounds: 0.990, 1.019, 0.983)" in batch
+    batch = _render(tables, "batch-gamma-b4-t1-xeon-vnni.json")
+    assert "geometric mean 0.972 (rounds: 0.993, 1.036, 0.894, 0.956, 0.985)" in batch
+    assert "over all rounds (seeds per round): γ auto 32.73 tok/s / block γ=4 33.68 = 0.972" \
+        in batch
     costs = _render(tables, "pass-costs-xeon-vnni.json")
     assert "| 8 | 126.4 | 162.2 | 223.4 | 379.8 |  | 34.2 | 62.7 | 1.83 |" in costs
     ray = _render(tables, "ray-overhead-epyc-zen4.jsonl")
