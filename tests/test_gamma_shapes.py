@@ -15,8 +15,9 @@ import pytest
 from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS
 
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, READING_MARGIN, SHAPE_FRESH,
-                                         SHAPE_TRUSTED, SLOPE_SPAN, IterationOverhead, RowDemand,
-                                         ShapeLevels, batch_choice, batch_rate, choose_gammas,
+                                         SHAPE_PRIOR, SHAPE_TRUSTED, SHAPE_WINDOW, SLOPE_SPAN,
+                                         IterationOverhead, RowDemand, ShapeLevels,
+                                         batch_choice, batch_rate, choose_gammas,
                                          reading_choice)
 from verispec.engine.costs import BatchCosts
 from verispec.engine.gamma import AutoGamma, FixedGamma
@@ -96,26 +97,51 @@ def test_shape_times_interpolate_extrapolate_and_expire() -> None:
     assert shapes.seconds(8, 4, SHAPE_FRESH + 11, grid) is None
 
 
-def test_longer_passes_keep_the_grids_shape_until_the_shapes_span_enough_tokens() -> None:
-    """Two adjacent shapes (one token apart) priced 1.0 and 2.0: a longer pass keeps the
-    grid's shape from the longer one, not their slope times the distance; shapes spanning
-    SLOPE_SPAN tokens or more extrapolate along their least-squares slope (never down)."""
+def _measured(times: dict[int, tuple[float, int]]) -> ShapeLevels:
+    """Shapes of one row: k -> (seconds of each pass, passes)."""
+    shapes = ShapeLevels()
+    for k, (t, n) in times.items():
+        for _ in range(n):
+            shapes.observe((1, k), t, now=0)
+    return shapes
+
+
+def test_a_shape_timed_in_a_busy_minute_is_taken_toward_the_shapes_beside_it() -> None:
+    """Four shapes of one row measured over whole windows at the grid's times, and a
+    4-token shape measured SHAPE_TRUSTED times in a busy minute, 1.4 × the grid (dearer
+    than the 7-token pass): its factor is taken SHAPE_PRIOR passes' worth toward the line
+    through all five, so a 4-token pass is again predicted below a 7-token one; the shapes
+    measured over a window stay within a few percent of their own times."""
+    grid = {k: 0.1 + 0.02 * k for k in range(1, 12)}.__getitem__
+    full = SHAPE_WINDOW
+    shapes = _measured({1: (grid(1), full), 2: (grid(2), full), 3: (grid(3), full),
+                        4: (1.4 * grid(4), SHAPE_TRUSTED), 7: (grid(7), full)})
+    assert 1.4 * grid(4) > grid(7)  # as measured, 4 tokens cost more than 7
+    four = shapes.seconds(1, 4, 0, grid)
+    assert four is not None and four < shapes.seconds(1, 7, 0, grid)  # type: ignore[operator]
+    assert grid(4) < four < 1.25 * grid(4)  # still dearer than the grid, but mostly the others'
+    for k in (1, 2, 3, 7):
+        assert shapes.seconds(1, k, 0, grid) == pytest.approx(grid(k), rel=0.05)
+
+
+def test_passes_beyond_the_measured_shapes_keep_the_grids_shape() -> None:
+    """Beyond the longest (or below the shortest) fresh shape the factor stays at that
+    shape's; two shapes one token apart (less than SLOPE_SPAN) are fitted by a constant, a
+    wider span by a line; the fitted line stays within the measured factors."""
     grid = {k: 0.5 * k for k in range(1, 10)}.__getitem__
-
-    def measured(times: dict[int, float]) -> ShapeLevels:
-        shapes = ShapeLevels()
-        for k, t in times.items():
-            for _ in range(SHAPE_TRUSTED):
-                shapes.observe((1, k), t, now=0)
-        return shapes
-
     assert SLOPE_SPAN == 2
-    shapes = measured({2: 1.0, 3: 2.0})
-    assert shapes.seconds(1, 9, 0, grid) == pytest.approx(2.0 * 4.5 / 1.5)  # not 2 + 6 × 1
-    shapes = measured({2: 1.0, 3: 2.0, 4: 2.0})  # 2..4: slope (2 − 1) / 2 by least squares
-    assert shapes.seconds(1, 8, 0, grid) == pytest.approx(2.0 + 0.5 * 4)
-    falling = measured({2: 3.0, 4: 2.0})
-    assert falling.seconds(1, 6, 0, grid) == pytest.approx(2.0)  # never down
+    adjacent = _measured({2: (1.0, SHAPE_TRUSTED), 3: (2.0, SHAPE_TRUSTED)})  # 1.0, 4/3
+    mean = (1.0 + 4 / 3) / 2
+    nine = grid(9) * (SHAPE_TRUSTED * 4 / 3 + SHAPE_PRIOR * mean) / (SHAPE_TRUSTED + SHAPE_PRIOR)
+    assert adjacent.seconds(1, 9, 0, grid) == pytest.approx(nine)
+    assert adjacent.seconds(1, 9, 0, grid) == pytest.approx(3 * adjacent.seconds(1, 3, 0, grid))
+    one = grid(1) * (SHAPE_TRUSTED * 1.0 + SHAPE_PRIOR * mean) / (SHAPE_TRUSTED + SHAPE_PRIOR)
+    assert adjacent.seconds(1, 1, 0, grid) == pytest.approx(one)
+    rising = _measured({2: (1.0, SHAPE_TRUSTED), 4: (3.0, SHAPE_TRUSTED)})  # factors 1.0, 1.5
+    assert rising.seconds(1, 2, 0, grid) == pytest.approx(1.0)  # on the line: its own
+    assert rising.seconds(1, 4, 0, grid) == pytest.approx(3.0)
+    assert rising.seconds(1, 3, 0, grid) == pytest.approx(grid(3) * 1.25)
+    assert rising.seconds(1, 8, 0, grid) == pytest.approx(grid(8) * 1.5)
 
 
 def test_a_shape_measured_few_times_is_not_priced_above_the_grid() -> None:

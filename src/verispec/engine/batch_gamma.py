@@ -60,8 +60,9 @@ the choice still depends only on the past.
 
 **Shapes measured, and explored.** A level cannot correct a grid whose shape is wrong (a
 start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
-target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens,
-interpolated in tokens between the shapes measured recently at those rows) and an
+target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens, a
+factor on the grid per shape measured recently at those rows, each taken toward a line
+through all of them, interpolated in tokens) and an
 iteration's draft passes per rows × γ, where measured recently, and a batch that keeps
 drafting while plain decoding, on a shape not measured recently, is predicted within
 :data:`EXPLORE_MARGIN` of it (at the smaller of its grid time and its re-levelled time)
@@ -86,9 +87,9 @@ from verispec.engine.costs import BatchCosts, interpolate
 from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
 from verispec.engine.request import Row
 
-__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_TRUSTED",
-           "SLOPE_SPAN", "IterationOverhead", "PassLevel", "RowDemand", "ShapeLevels",
-           "batch_choice", "choose_gammas", "explore", "reading_choice"]
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_PRIOR",
+           "SHAPE_TRUSTED", "SHAPE_WINDOW", "SLOPE_SPAN", "IterationOverhead", "PassLevel",
+           "RowDemand", "ShapeLevels", "batch_choice", "choose_gammas", "explore", "reading_choice"]
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,14 @@ SHAPE_WINDOW = 8
 #: Passes of a shape from which its median is trusted as measured; from fewer it is
 #: capped at the grid's time at the current level.
 SHAPE_TRUSTED = 3
-#: Tokens per row that the fresh shapes of one row count must span before longer passes
-#: are extrapolated along their fitted slope (a slope between two adjacent shapes, each a
-#: median of a few noisy passes, multiplied by the distance to a long block, is mostly noise;
-#: below this span longer passes keep the grid's shape).
+#: Tokens per row that the fresh shapes of one row count must span before their factors on
+#: the grid are fitted with a slope in tokens (the slope between two adjacent shapes, each a
+#: median of a few noisy passes, is mostly noise: below this span the fit is a constant).
 SLOPE_SPAN = 2
+#: Passes' worth of weight with which each measured shape's factor is taken toward the line
+#: fitted through the factors of all fresh shapes of its row count (:class:`ShapeLevels`): a
+#: shape of SHAPE_TRUSTED passes keeps less than half its own, one of a whole window two thirds.
+SHAPE_PRIOR = 4
 #: Iterations after which a shape's level is no longer used (the machine may have changed
 #: speed since): its passes are then predicted at the level of all passes.
 SHAPE_FRESH = 256
@@ -177,18 +181,27 @@ class PassLevel:
 
 class ShapeLevels:
     """Measured times of passes per shape (cache rows R, tokens k; for the draft passes of
-    an iteration, k = γ):
-    the median of each shape's last :data:`SHAPE_WINDOW` passes, kept for
-    :data:`SHAPE_FRESH` iterations after its last pass. Between the fresh shapes of one R
-    the time is interpolated in k; beyond the longest it grows along their least-squares
-    slope (never down) where they span at least :data:`SLOPE_SPAN` tokens, else with the
-    grid's shape from the longest; below the shortest, with the grid's shape."""
+    an iteration, k = γ), kept as factors on the grid: each shape's median over its last
+    :data:`SHAPE_WINDOW` passes, divided by the grid's time at the current level, kept for
+    :data:`SHAPE_FRESH` iterations after its last pass.
+
+    A shape's median rests on a few passes, often timed within one minute, while the
+    shapes beside it were timed in others: on a shared machine one busy minute made a
+    4-token pass of one row dearer than a 7-token one, and the policy, priced off every γ
+    of that shape for :data:`SHAPE_FRESH` iterations, never measured it again. So the
+    fresh shapes of one R are also fitted together: their factors, weighted by their
+    passes, by a line in k (a constant where they span fewer than :data:`SLOPE_SPAN`
+    tokens), and each shape's factor is taken :data:`SHAPE_PRIOR` passes' worth toward that
+    line (a shape of few passes mostly follows the others; one measured over a whole
+    window keeps the larger share of its own). Between the fresh shapes the factor is
+    interpolated in k; beyond them it stays at the nearest one's, so the time follows the
+    grid's shape from there."""
 
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], deque[float]] = {}
         self.seen: dict[tuple[int, int], int] = {}  # shape -> iteration of its last pass
-        # rows -> the fresh ks of those rows and their median times at iteration known_at
-        # (the policy asks for many k and several row counts between two passes)
+        # rows -> the fresh ks of those rows and their factors at iteration known_at (the
+        # policy asks for many k and several row counts between two passes)
         self.known: dict[int, tuple[list[int], list[float]]] = {}
         self.known_at = -1
 
@@ -213,30 +226,44 @@ class ShapeLevels:
         """Fresh, and measured at least :data:`SHAPE_TRUSTED` times."""
         return self.fresh(shape, now) and len(self.times[shape]) >= SHAPE_TRUSTED
 
+    def _factors(self, rows: int, now: int, grid: Callable[[int], float],
+                 ) -> tuple[list[int], list[float]]:
+        """The fresh ks of ``rows`` rows and their factors on ``grid``, each taken toward
+        the weighted line through all of them."""
+        ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
+        if not ks:
+            return [], []
+        own = [self._median((rows, x), grid) / grid(x) for x in ks]
+        weights = [float(len(self.times[(rows, x)])) for x in ks]
+        line = _weighted_line(ks, own, weights)
+        return ks, [(w * f + SHAPE_PRIOR * line(x)) / (w + SHAPE_PRIOR)
+                    for x, f, w in zip(ks, own, weights, strict=True)]
+
     def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float]) -> float | None:
         """The predicted time of a pass of ``rows`` rows × k tokens (None: no fresh shape of
         those rows); ``grid(k)``: the grid's time at those rows, at the current level."""
         if now != self.known_at:
             self.known, self.known_at = {}, now
         if rows not in self.known:
-            ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
-            self.known[rows] = ks, [self._median((rows, x), grid) for x in ks]
-        ks, ts = self.known[rows]
+            self.known[rows] = self._factors(rows, now, grid)
+        ks, factors = self.known[rows]
         if not ks:
             return None
-        if ks[0] <= k <= ks[-1]:
-            return interpolate(ks, ts, k)
-        near = 0 if k < ks[0] else -1
-        if near == 0 or ks[-1] - ks[0] < SLOPE_SPAN:  # the grid's shape from the nearest
-            return ts[near] * grid(k) / grid(ks[near])
-        return ts[-1] + _slope(ks, ts) * (k - ks[-1])
+        return grid(k) * interpolate(ks, factors, min(max(k, ks[0]), ks[-1]))
 
 
-def _slope(xs: Sequence[int], ys: Sequence[float]) -> float:
-    """The least-squares slope of ys over xs, never negative."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    num = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    return max(num / sum((x - mx) ** 2 for x in xs), 0.0)
+def _weighted_line(xs: Sequence[int], ys: Sequence[float],
+                   weights: Sequence[float]) -> Callable[[int], float]:
+    """The weighted least-squares line through (xs, ys), kept within the ys' range; a
+    constant (their weighted mean) where the xs span fewer than :data:`SLOPE_SPAN`."""
+    total = sum(weights)
+    mx = sum(w * x for w, x in zip(weights, xs, strict=True)) / total
+    my = sum(w * y for w, y in zip(weights, ys, strict=True)) / total
+    spread = sum(w * (x - mx) ** 2 for w, x in zip(weights, xs, strict=True))
+    slope = 0.0 if xs[-1] - xs[0] < SLOPE_SPAN else sum(
+        w * (x - mx) * (y - my) for w, x, y in zip(weights, xs, ys, strict=True)) / spread
+    low, high = min(ys), max(ys)
+    return lambda x: min(max(my + slope * (x - mx), low), high)
 
 
 class IterationOverhead:
