@@ -43,6 +43,7 @@ FIDELITY_AGAINST = {"int8-fidelity-7bit-epyc.json": "int8-fidelity.json"}
 SERVE_PEERS = {name: ("serve-vllm-plain-xeon-vnni.json", "serve-vllm-spec-xeon-vnni.json")
                for name in ("serve-verispec-vs-vllm-xeon-vnni.json",
                             "serve-gamma-auto-xeon-vnni.json",
+                            "serve-gamma-auto-admitted-reader-xeon-vnni.json",
                             "serve-gamma-auto-first-token-xeon-vnni.json")}
 
 Renderer = Callable[[Path], str]

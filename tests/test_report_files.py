@@ -215,3 +215,8 @@ def test_a_serve_run_is_merged_with_the_vllm_reports_it_is_set_against(
     first_token = _render(tables, "serve-gamma-auto-first-token-xeon-vnni.json")
     assert "| 0 | 1 | block γ=auto | vllm-spec-k4 | 2.308× [2.186, 2.436] |" in first_token
     assert "| 0 | 8 | block γ=auto | vllm-plain | 1.702× [1.637, 1.770] |" in first_token
+    for name, line in (("serve-gamma-auto-admitted-reader-xeon-vnni.json",
+                        "| 1 | 16 | block γ=auto | vllm-plain | 1.721× [1.557, 1.903] |"),
+                       ("serve-gamma-auto-xeon-vnni.json",
+                        "| 0 | 8 | ar | vllm-plain | 1.647× [1.458, 1.859] |")):
+        assert line in _render(tables, name)
