@@ -16,11 +16,11 @@ from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS
 
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, READING_MARGIN, SHAPE_FRESH,
                                          SHAPE_PRIOR, SHAPE_TRUSTED, SHAPE_WINDOW, SLOPE_SPAN,
-                                         IterationOverhead, RowDemand, ShapeLevels,
+                                         IterationOverhead, PassLevel, RowDemand, ShapeLevels,
                                          batch_choice, batch_rate, choose_gammas,
                                          reading_choice)
 from verispec.engine.costs import BatchCosts
-from verispec.engine.gamma import AutoGamma, FixedGamma
+from verispec.engine.gamma import AutoGamma, FixedGamma, PairHistory
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -338,3 +338,43 @@ def test_draft_passes_are_predicted_per_rows_and_gamma() -> None:
     assert overhead.drift(8, 3) == pytest.approx(0.5 * grid.draft_passes(8, 3))
     assert overhead.measured(8, 0) is False and overhead.draft_shapes.trusted((8, 1), 3)
     assert not overhead.draft_shapes.fresh((8, 3), overhead.iterations)
+
+
+def test_a_draft_level_from_fewer_than_trusted_passes_is_not_above_the_grid() -> None:
+    """A capped level (the draft passes') from fewer than SHAPE_TRUSTED passes is at most 1
+    (the grid); from SHAPE_TRUSTED passes on the median stands; a level below 1 is taken at
+    once; an uncapped level (the target pass's) takes the median from the first pass."""
+    slow = PassLevel(capped=True)
+    for n in range(1, SHAPE_TRUSTED + 1):
+        slow.observe(3.0, 1.0)
+        assert slow.scale == (pytest.approx(3.0) if n >= SHAPE_TRUSTED else 1.0)
+    fast = PassLevel(capped=True)
+    fast.observe(0.5, 1.0)
+    assert fast.scale == pytest.approx(0.5)
+    target = PassLevel()
+    target.observe(3.0, 1.0)
+    assert target.scale == pytest.approx(3.0)
+
+
+def test_one_slow_first_draft_pass_does_not_keep_a_request_plain() -> None:
+    """Plain iterations at the grid's times, then one drafting iteration whose draft pass
+    took 4× the grid (a process's first draft pass, in a warm-up call): a request alone at
+    the pair's α = 0.9 still drafts after its first token. Priced at that one pass, every
+    γ ≥ 1 would be predicted below plain decoding, and the request would never draft (and
+    so never measure a draft pass again)."""
+    grid = BatchCosts(target={(1, k): 0.085 + 0.0045 * k for k in KS}, draft={1: 0.022},
+                      draft_prefill=1e-3)
+    history = PairHistory()
+    history.add(900, 1000)
+    policy = AutoGamma(grid.single(), max_gamma=12, history=history)
+    row = SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)
+    overhead = IterationOverhead()
+    plain = (0.0, grid.target_pass(1, 1))
+    for _ in range(100):
+        overhead.record([row], [0], sum(plain), plain)  # type: ignore[list-item]
+    first = (4 * grid.draft_passes(1, 1), grid.target_pass(1, 2))
+    overhead.record([row], [1], sum(first), first)  # type: ignore[list-item]
+    assert overhead.draft_level.scale == 1.0
+    policy.start(100, 64, fixed_length=True)
+    policy.observe(0, 0)  # its first token, decoded plainly
+    assert choose_gammas([row], [12], overhead)[0] > 0  # type: ignore[list-item]

@@ -165,10 +165,20 @@ class PassLevel:
     """How fast one kind of pass (draft passes, target pass) runs now relative to the start-up
     grid: the median of measured / predicted over its last :data:`LEVEL_WINDOW` passes
     (1 before any). The grid keeps the shape (how a pass grows with rows and tokens); this
-    factor follows its level."""
+    factor follows its level.
 
-    def __init__(self) -> None:
+    ``capped`` (the draft passes' level): from fewer than :data:`SHAPE_TRUSTED` passes the
+    level is at most 1. The first draft pass of a process runs its kernels for the first
+    time, and a short call before the timed ones (a warm-up that drafted once) left a draft
+    level of 1.4–2.9 from that one pass; every later call then priced drafting that dear,
+    decoded plainly, and so never measured a draft pass again (a whole 64-token call of 8
+    prompts decoded plainly at one row). Target passes are measured by every iteration,
+    plain or not, so their level corrects itself; draft passes only by the drafting
+    iterations a level too high prevents."""
+
+    def __init__(self, capped: bool = False) -> None:
         self.ratios: deque[float] = deque(maxlen=LEVEL_WINDOW)
+        self.capped = capped
 
     def observe(self, measured: float, predicted: float) -> None:
         if measured > 0.0 and predicted > 0.0:
@@ -176,7 +186,11 @@ class PassLevel:
 
     @property
     def scale(self) -> float:
-        return statistics.median(self.ratios) if self.ratios else 1.0
+        if not self.ratios:
+            return 1.0
+        median = statistics.median(self.ratios)
+        few = self.capped and len(self.ratios) < SHAPE_TRUSTED
+        return min(median, 1.0) if few else median
 
 
 class ShapeLevels:
@@ -302,7 +316,7 @@ class IterationOverhead:
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [4]
         self.coef = [0.0] * self.FEATURES  # c₀..c₃ as floats (predict runs per row and g)
         self.iterations = 0
-        self.draft_level, self.target_level = PassLevel(), PassLevel()
+        self.draft_level, self.target_level = PassLevel(capped=True), PassLevel()
         self.grid: BatchCosts | None = None  # the grid the levels are relative to
         self.drafters: set[Hashable] = set()  # cost keys of the auto rows' drafters recorded
 
