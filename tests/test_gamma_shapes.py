@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
-from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS
+from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS, _rows
 
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, READING_MARGIN, SHAPE_FRESH,
                                          SHAPE_PRIOR, SHAPE_TRUSTED, SHAPE_WINDOW, SLOPE_SPAN,
@@ -44,7 +44,7 @@ def _decode(grid: BatchCosts, truth: Seconds, rows: int, iterations: int,
         p.start(100, 10_000)  # reading a context costs 0.1 s
         if drafted:
             p.observe(2, 2)
-    batch = [SimpleNamespace(request=SimpleNamespace(gamma=p), num_drafts=1) for p in policies]
+    batch = _rows(policies)
     overhead, longest = IterationOverhead(), []
     for _ in range(iterations):
         gammas = choose_gammas(batch, [MAX_GAMMA] * rows, overhead)  # type: ignore[arg-type]
@@ -207,7 +207,7 @@ def test_draft_steps_are_predicted_per_row_count() -> None:
         rows = 1 if i % 2 else 8
         scale = 1.0 if rows == 1 else 1.5
         passes = (scale * 2 * CHEAP_TOKENS.draft_step(rows), CHEAP_TOKENS.target_pass(rows, 3))
-        batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * rows
+        batch = _rows([policy] * rows)
         overhead.record(batch, [2] * rows, sum(passes), passes)  # type: ignore[arg-type]
     assert overhead.drift(1, 4) == pytest.approx(0.0, abs=1e-12)
     assert overhead.drift(8, 4) == pytest.approx(0.5 * 4 * CHEAP_TOKENS.draft_step(8))
@@ -329,7 +329,7 @@ def test_draft_passes_are_predicted_per_rows_and_gamma() -> None:
     grid = _first_pass_grid(1.6)
     policy = AutoGamma(grid.single(), max_gamma=MAX_GAMMA)
     overhead = IterationOverhead()
-    batch = [SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)] * 8
+    batch = _rows([policy] * 8)
     measured = 1.5 * grid.draft_passes(8, 1)
     for _ in range(SHAPE_TRUSTED):
         passes = (measured, grid.target_pass(8, 2))
@@ -367,7 +367,7 @@ def test_one_slow_first_draft_pass_does_not_keep_a_request_plain() -> None:
     history = PairHistory()
     history.add(900, 1000)
     policy = AutoGamma(grid.single(), max_gamma=12, history=history)
-    row = SimpleNamespace(request=SimpleNamespace(gamma=policy), num_drafts=1)
+    [row] = _rows([policy])
     overhead = IterationOverhead()
     plain = (0.0, grid.target_pass(1, 1))
     for _ in range(100):
