@@ -13,11 +13,13 @@ from collections.abc import Sequence
 import pytest
 import torch
 from torch import Tensor
+from test_gamma_batch import counts
 from verifier_doubles import TargetResidual
 
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
-from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, PassCosts, best_gamma
+from verispec.engine.gamma import (HISTORY_MIN, Acceptance, AutoGamma, PairHistory, PassCosts,
+                                   best_gamma)
 from verispec.engine.loop import Engine
 from verispec.engine.request import Request
 from verispec.methods import build_method
@@ -184,9 +186,10 @@ def test_gamma_auto_waits_until_the_draft_prefill_pays() -> None:
     assert forced.choose() >= 1
 
 
-def _history(accepted: float, tested: float) -> PairHistory:
+def _history(rate: float, positions: float) -> PairHistory:
+    """A pair's history of ``positions`` tested positions accepted at ``rate``."""
     history = PairHistory()
-    history.add(accepted, tested)
+    counts(rate, positions, into=history)
     return history
 
 
@@ -205,11 +208,11 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     default.start(prompt, budget)
     _first_token(default)
     assert default.choose() == 0  # waits for the output to prove long
-    good = AutoGamma(costs, max_gamma=3, history=_history(0.95 * HISTORY_MIN, HISTORY_MIN))
+    good = AutoGamma(costs, max_gamma=3, history=_history(0.95, HISTORY_MIN))
     good.start(prompt, budget)
     _first_token(good)
     assert good.choose() > 0
-    young = _history(0.95 * (HISTORY_MIN - 1), HISTORY_MIN - 1)  # too few positions yet
+    young = _history(0.95, HISTORY_MIN - 1)  # too few positions yet
     assert AutoGamma(costs, history=young).prior == AutoGamma(costs).prior
     never = AutoGamma(_auto_costs(100.0), max_gamma=3, history=PairHistory())
     never.start(500, 64)  # a new pair drafts (and reads the prompt) whatever the costs say
@@ -217,7 +220,7 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     assert never.choose() >= 1
     never.observe(1, 0)
     assert never.history.tested == 1 and never.choose() >= 1  # type: ignore[union-attr]
-    poor = _history(0.1 * HISTORY_MIN, HISTORY_MIN)
+    poor = _history(0.1, HISTORY_MIN)
     bad = AutoGamma(costs, max_gamma=3, history=poor)
     bad.start(prompt, budget)
     _first_token(bad)
@@ -227,11 +230,12 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     pooled = PairHistory()
     late = AutoGamma(costs, max_gamma=3, history=pooled)  # made before the pair is known,
     late.start(prompt, budget)  # as a batch's requests are
-    pooled.add(0.95 * HISTORY_MIN, HISTORY_MIN)  # earlier requests finish first
+    counts(0.95, HISTORY_MIN, into=pooled)  # earlier requests finish first
     _first_token(late)
-    assert late.choose() > 0 and late.prior == 0.95  # read at its first choice
-    pooled.add(0, 10 * HISTORY_MIN)
-    assert late.prior == 0.95  # and fixed from then on
+    assert late.choose() > 0 and late.prior == pooled.prior()  # read at its first choice
+    assert late.prior.rest == pytest.approx(0.95)
+    counts(0.0, 10 * HISTORY_MIN, into=pooled)
+    assert late.prior.rest == pytest.approx(0.95)  # and fixed from then on
 
 
 @pytest.mark.parametrize("history", [None, "learned"])
@@ -244,13 +248,13 @@ def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: flo
     plain decoding began (its prefill then reads the tokens decoded so far); the law is
     still the target's."""
     costs = _auto_costs(draft_prefill)
-    lo, hi = best_gamma(0.2, costs, 3), best_gamma(0.9, costs, 3)
+    lo, hi = best_gamma(Acceptance.iid(0.2), costs, 3), best_gamma(Acceptance.iid(0.9), costs, 3)
     assert lo < hi  # the estimate of α moves γ within the enumerated range
     target, draft = RandomContextLM(3, seed=21), RandomContextLM(3, seed=22)
     m = build_method(method)
 
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
-        pooled = _history(0.9 * HISTORY_MIN, HISTORY_MIN) if history else None
+        pooled = _history(0.9, HISTORY_MIN) if history else None
         policy = AutoGamma(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0,
                            history=pooled)
         request = Request(prompt, m, Sampling(), 4, randoms[0], policy,

@@ -16,8 +16,8 @@ from verispec.checks import TOLERANCE
 from verispec.engine import batch_gamma, loop
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, IterationOverhead, RowDemand, batch_choice,
                                          choose_gammas)
-from verispec.engine.costs import BatchCosts
-from verispec.engine.gamma import AutoGamma, PassCosts
+from verispec.engine.costs import Acceptance, BatchCosts
+from verispec.engine.gamma import AcceptanceCounts, AutoGamma, PassCosts
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
@@ -54,8 +54,20 @@ def _rows(policies: Sequence[object]) -> list[SimpleNamespace]:
     return [SimpleNamespace(request=SimpleNamespace(gamma=p), num_drafts=1) for p in policies]
 
 
+def counts(rate: float, positions: float,
+           into: AcceptanceCounts | None = None) -> AcceptanceCounts:
+    """``into`` (or new counts) with ``positions`` more tested positions accepted at
+    ``rate``, a quarter of them first positions of blocks."""
+    c = AcceptanceCounts() if into is None else into
+    c.first_tested += positions / 4
+    c.first_accepted += rate * positions / 4
+    c.rest_tested += 3 * positions / 4
+    c.rest_accepted += 3 * rate * positions / 4
+    return c
+
+
 def _choice(costs: BatchCosts, rows: int, alpha: float = ALPHA) -> list[int]:
-    return batch_choice([RowDemand(alpha, 0, MAX_GAMMA)] * rows, costs)
+    return batch_choice([RowDemand(Acceptance.iid(alpha), 0, MAX_GAMMA)] * rows, costs)
 
 
 def test_whether_a_batch_speculates_follows_the_measured_costs() -> None:
@@ -86,11 +98,11 @@ def test_batch_costs_interpolate_and_slice() -> None:
 
 
 def test_batch_choice_respects_floors_caps_and_fixed_rows() -> None:
-    demands = [RowDemand(0.9, 0, 2), RowDemand(0.1, 1, 3), RowDemand(0.9, 0, 0),
-               RowDemand(0.5, 0, 3, fixed=True)]
+    demands = [RowDemand(Acceptance.iid(0.9), 0, 2), RowDemand(Acceptance.iid(0.1), 1, 3), RowDemand(Acceptance.iid(0.9), 0, 0),
+               RowDemand(Acceptance.iid(0.5), 0, 3, fixed=True)]
     got = batch_choice(demands, FLAT)
     assert got[0] <= 2 and got[1] >= 1 and got[2] == 0 and got[3] == 3
-    assert batch_choice([RowDemand(0.3, 0, 0)] * 3, LINEAR) == [0, 0, 0]
+    assert batch_choice([RowDemand(Acceptance.iid(0.3), 0, 0)] * 3, LINEAR) == [0, 0, 0]
 
 
 class ScriptedOverhead(IterationOverhead):
@@ -176,7 +188,7 @@ def test_a_shape_the_grid_underprices_is_learned() -> None:
     plainly."""
     cheap_tokens = _grid(lambda r, k: 0.3 + 0.1 * r + 0.02 * r * k)
     policy = AutoGamma(cheap_tokens.single(), max_gamma=MAX_GAMMA)
-    demands = [RowDemand(ALPHA, 0, MAX_GAMMA)] * 8
+    demands = [RowDemand(Acceptance.iid(ALPHA), 0, MAX_GAMMA)] * 8
     assert all(g > 0 for g in batch_choice(demands, cheap_tokens))
     learned = IterationOverhead()
     for i in range(60):
@@ -281,7 +293,7 @@ def test_a_learned_overhead_flips_the_batch_choice() -> None:
     for i in range(100):
         rows, g = 4 + i % 5, i % 3
         costly.observe(rows, g, 0.1 * rows * g)
-    demands = [RowDemand(ALPHA, 0, MAX_GAMMA)] * 8
+    demands = [RowDemand(Acceptance.iid(ALPHA), 0, MAX_GAMMA)] * 8
     assert batch_choice(demands, FLAT, costly) == [0] * 8
     assert batch_choice(demands, FLAT, IterationOverhead()) == _choice(FLAT, 8)
 

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import pytest
 import torch
 from test_gamma_batch import (ALPHA, BALANCED, DRAFT_STEP, FLAT, KS, LINEAR, MAX_GAMMA, ROWS,
-                              _choice, _rows)
+                              _choice, _rows, counts)
 
 from verispec.api import make_drafter
 from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
                                          choose_gammas, reading_choice)
-from verispec.engine.costs import BatchCosts
+from verispec.engine.costs import Acceptance, BatchCosts
 from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, best_gamma
 from verispec.engine.loop import Engine
 from verispec.engine.request import Request
@@ -104,15 +104,15 @@ def test_readings_pay_where_the_batch_choice_repays_them() -> None:
     rows, tokens = 4, 50.0
     threshold = _row_saving(FLAT, rows, ALPHA) * tokens
     assert threshold > 0
-    demands = [RowDemand(ALPHA, 0, MAX_GAMMA)] * rows
+    demands = [RowDemand(Acceptance.iid(ALPHA), 0, MAX_GAMMA)] * rows
     for share, reads in [(0.99, True), (1.01, False)]:
         readings = {b: (share * threshold, tokens) for b in range(rows)}
         choice, _ = reading_choice(demands, readings, FLAT)
         assert all(g > 0 for g in choice) is reads  # above it, not all of them read
-    pair = [RowDemand(ALPHA, 0, MAX_GAMMA)] * 2
+    pair = [RowDemand(Acceptance.iid(ALPHA), 0, MAX_GAMMA)] * 2
     reading = 0.5 * _row_saving(BALANCED, 2, ALPHA) * tokens  # repaid if both drafted at α
     new = {1: (reading, tokens)}
-    beside_plain = [RowDemand(0.1, 0, MAX_GAMMA), pair[1]]
+    beside_plain = [RowDemand(Acceptance.iid(0.1), 0, MAX_GAMMA), pair[1]]
     assert max(batch_choice(beside_plain, BALANCED)) > 0  # the row would make the batch draft
     assert reading_choice(beside_plain, new, BALANCED)[0] == [0, 0]
     choice, chosen_from = reading_choice(pair, new, BALANCED)
@@ -170,7 +170,7 @@ def test_a_row_admitted_into_a_decoding_batch_may_read_before_its_first_token() 
     def drafting(accepted: float, tested: float) -> AutoGamma:
         policy = new_row()
         policy.observe(MAX_GAMMA, MAX_GAMMA)  # it has drafted: its reading is paid
-        policy.accepted, policy.tested = accepted, tested
+        policy.seen = counts(accepted / tested, tested)
         return policy
 
     assert new_row().reading_deferred
@@ -193,7 +193,9 @@ def test_a_fixed_length_request_reads_when_its_remaining_tokens_repay_the_readin
     ignored) reads at once, and with one token left it does not read; alone and in a batch
     of 4 (the batch's saving per row in place of the one-row saving)."""
     budget, context = 20, 100
-    alpha = AutoGamma(FLAT.single(), max_gamma=MAX_GAMMA).alpha  # the prior
+    prior = AutoGamma(FLAT.single(), max_gamma=MAX_GAMMA).acceptance
+    alpha = prior.first
+    assert prior == Acceptance.iid(alpha)  # the generic prior, at every position
 
     def policies(saving: float, fixed_length: bool, n: int = 1,
                  emitted: int = 1) -> list[AutoGamma]:  # 1: past the first token
@@ -205,7 +207,7 @@ def test_a_fixed_length_request_reads_when_its_remaining_tokens_repay_the_readin
             p.emitted = emitted
         return out
 
-    alone = FLAT.single().saving(alpha, best_gamma(alpha, FLAT.single(), MAX_GAMMA))
+    alone = FLAT.single().saving(prior, best_gamma(prior, FLAT.single(), MAX_GAMMA))
     assert alone > 0
     assert policies(alone, False)[0].choose() == 0
     assert policies(alone, True)[0].choose() > 0

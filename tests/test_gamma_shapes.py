@@ -8,23 +8,24 @@ sides.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
-from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS, _rows
+from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS, _rows, counts
 
 from verispec.engine.batch_gamma import (EXPLORE_EVERY, READING_MARGIN, SHAPE_FRESH,
                                          SHAPE_PRIOR, SHAPE_TRUSTED, SHAPE_WINDOW, SLOPE_SPAN,
                                          IterationOverhead, PassLevel, RowDemand, ShapeLevels,
                                          batch_choice, batch_rate, choose_gammas,
                                          reading_choice)
-from verispec.engine.costs import BatchCosts
+from verispec.engine.costs import Acceptance, BatchCosts
 from verispec.engine.gamma import AutoGamma, FixedGamma, PairHistory
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-#: Acceptances every drafting row reports: round(ACCEPT × drafted) of its drafted tokens.
+#: The acceptance of every drafted position of every row (i.i.d., from a seeded generator).
 ACCEPT = 0.8
 Seconds = Callable[[int, int], float]
 
@@ -45,14 +46,14 @@ def _decode(grid: BatchCosts, truth: Seconds, rows: int, iterations: int,
         if drafted:
             p.observe(2, 2)
     batch = _rows(policies)
-    overhead, longest = IterationOverhead(), []
+    overhead, longest, draws = IterationOverhead(), [], random.Random(0)
     for _ in range(iterations):
         gammas = choose_gammas(batch, [MAX_GAMMA] * rows, overhead)  # type: ignore[arg-type]
         g = max(gammas)
         passes = (g * grid.draft_step(rows), truth(rows, g + 1))
         overhead.record(batch, gammas, sum(passes), passes)  # type: ignore[arg-type]
         for p, x in zip(policies, gammas, strict=True):
-            p.observe(x, round(ACCEPT * x))
+            p.observe(x, next((i for i in range(x) if draws.random() >= ACCEPT), x))
         longest.append(g)
     return longest, policies
 
@@ -232,7 +233,7 @@ def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> No
     been measured (at the grid's times), the same readings are paid. Readings at 1.1×
     the saving are not all paid."""
     rows, tokens, alpha = 8, 48.0, 0.9
-    demands = [RowDemand(alpha, 0, MAX_GAMMA)] * rows
+    demands = [RowDemand(Acceptance.iid(alpha), 0, MAX_GAMMA)] * rows
     g = max(batch_choice(demands, CHEAP_TOKENS))
     assert g > 0
     saving = rows * tokens * (1 / batch_rate(demands, CHEAP_TOKENS, 0)
@@ -316,7 +317,7 @@ def test_a_dear_first_draft_pass_keeps_a_batch_plain() -> None:
         return BatchCosts(target=target, draft=DRAFT_STEP,
                           draft_first={1: DRAFT_STEP[1], 8: ratio * DRAFT_STEP[8]})
 
-    demands = [RowDemand(0.5, 0, MAX_GAMMA)] * 8
+    demands = [RowDemand(Acceptance.iid(0.5), 0, MAX_GAMMA)] * 8
     assert max(batch_choice(demands, grid(1.0))) > 0
     assert batch_choice(demands, grid(2.0)) == [0] * 8
     assert max(batch_choice(demands[:1], grid(2.0))) > 0
@@ -365,7 +366,7 @@ def test_one_slow_first_draft_pass_does_not_keep_a_request_plain() -> None:
     grid = BatchCosts(target={(1, k): 0.085 + 0.0045 * k for k in KS}, draft={1: 0.022},
                       draft_prefill=1e-3)
     history = PairHistory()
-    history.add(900, 1000)
+    counts(0.9, 1000, into=history)
     policy = AutoGamma(grid.single(), max_gamma=12, history=history)
     [row] = _rows([policy])
     overhead = IterationOverhead()

@@ -432,6 +432,7 @@ def _recorded_priors(s: BenchSettings, configs: Sequence[Config], target: Causal
     """Where each γ auto configuration's acceptance prior starts, before the first row: the
     pair's acceptance recorded by earlier processes (:mod:`verispec.engine.history`), or
     none (the generic prior)."""
+    from verispec.engine.gamma import HISTORY_MIN
     from verispec.plan import RequestConfig, pair_history, plan_request
 
     lines = []
@@ -444,9 +445,12 @@ def _recorded_priors(s: BenchSettings, configs: Sequence[Config], target: Causal
             continue
         h = pair_history(target, draft, plan.engine_method.name, plan.sampling)
         known = getattr(h, "recorded", 0.0)
+        prior = h.prior()
         lines.append(f"{c.method.label} T={c.temperature:g}: " + (
-            f"α₀ {h.accepted / h.tested:.3f} from {known:.0f} positions recorded by earlier "
-            "runs" if known else "no acceptance recorded, the generic prior"))
+            f"α₀ {prior.first:.3f} at a block's first position, {prior.rest:.3f} after it, "
+            f"from {known:.0f} positions recorded by earlier runs" if known >= HISTORY_MIN
+            else f"the generic prior ({known:.0f} positions recorded, fewer than {HISTORY_MIN})"
+            if known else "no acceptance recorded, the generic prior"))
     return lines
 
 

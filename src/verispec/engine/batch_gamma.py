@@ -6,12 +6,13 @@ extra tokens cost what plain decoding of other rows would have cost. Each iterat
 batch policy chooses every ``auto`` row's γ_b to maximise the batch's expected tokens per
 second under the measured :class:`~verispec.engine.costs.BatchCosts`:
 
-    rate(γ_1..γ_R) = Σ_b E[tokens](α_b, γ_b) / (t_draft(R, g) + t_target(R, g + 1)),
+    rate(γ_1..γ_R) = Σ_b E_b[tokens](γ_b) / (t_draft(R, g) + t_target(R, g + 1)),
     g = max_b γ_b
 
-with α_b each row's own estimate (its :class:`~verispec.engine.gamma.AutoGamma`: its
-acceptances and the pair's prior), E[tokens] the i.i.d. model's (1 − α^{γ+1}) / (1 − α) and
-t_draft(R, g) the g draft passes of an iteration, the first over two tokens per row
+with E_b[tokens] from each row's own estimated :class:`~verispec.engine.costs.Acceptance`
+(its :class:`~verispec.engine.gamma.AutoGamma`: its acceptances and the pair's prior, the
+first position of a block apart from the later ones) and t_draft(R, g) the g draft passes
+of an iteration, the first over two tokens per row
 (:meth:`~verispec.engine.costs.BatchCosts.draft_passes`).
 
 **Search.** The engine pads every row's block to the longest, so the cost depends on the
@@ -27,11 +28,11 @@ where the batch choice itself gains enough by drafting it to repay the reading
 (:func:`reading_choice`): the batch's rate with and without that row drafting is compared,
 and the reading — during which every row of the batch waits — must be repaid over the
 row's payback tokens (:attr:`AutoGamma.payback_tokens`). A row's reading is thus never
-weighed against a batch in which every row drafts at its own α when the rows beside it
-would keep the batch plain. A reading, once paid, is sunk, while decoding without it costs
-nothing irreversible: so a side whose pass shapes the engine has not measured recently is
-priced :data:`READING_MARGIN` against the reading (the drafting side dearer, the other
-cheaper). Where plain and drafting batches are predicted within that margin of each other
+weighed against a batch in which every row drafts at its own acceptance when the rows
+beside it would keep the batch plain. A reading, once paid, is sunk, while decoding
+without it costs nothing irreversible: so a side whose pass shapes the engine has not
+measured recently is priced :data:`READING_MARGIN` against the reading (the drafting
+side dearer, the other cheaper). Where plain and drafting batches are predicted within that margin of each other
 from the grid alone, the batch decodes plainly, and measures the plain shape as it does.
 A batch whose rows all wait for their first token (admitted at once) decodes it plainly, so
 that no time to first token includes a reading; a row admitted into a batch that is already
@@ -83,8 +84,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from verispec.drafters.base import Drafter
-from verispec.engine.costs import BatchCosts, interpolate
-from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, expected_tokens
+from verispec.engine.costs import Acceptance, BatchCosts, interpolate
+from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy
 from verispec.engine.request import Row
 
 __all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_PRIOR",
@@ -97,14 +98,14 @@ class RowDemand:
     """What the batch policy knows of one row.
 
     Attributes:
-        alpha: the row's estimated acceptance rate.
+        acceptance: the row's estimated acceptance.
         floor: the shortest draft it may be given.
         cap: the longest (its ``max_gamma``, the room left, 0 while it may not draft).
         forks: cache rows it occupies while drafting (M for M drafts, else 1).
         fixed: its γ is not the policy's to choose (it drafts ``cap`` tokens).
     """
 
-    alpha: float
+    acceptance: Acceptance
     floor: int
     cap: int
     forks: int = 1
@@ -152,7 +153,7 @@ EXPLORE_EVERY = 32
 #: A reading is a cost sunk once paid: it is paid only where it pays with every iteration of a
 #: pass shape not measured recently predicted this fraction dearer on the drafting side and
 #: cheaper on the side without the reading (two measured shapes are compared as measured).
-#: Before a batch has drafted, its drafting rate rests on the grid, the pair's prior α and
+#: Before a batch has drafted, its drafting rate rests on the grid, the pair's prior and
 #: an own time learned from other shapes: the first prediction for 8 rows drafting ran
 #: about 8% above what their iterations then delivered, and rows of one length that finish
 #: at different iterations leave the batch's last iterations with fewer rows (a cost plain
@@ -428,7 +429,7 @@ def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
     see :meth:`IterationOverhead.predict`)."""
     gammas = [d.gamma(g) for d in demands]
     rows = _cache_rows([d.forks for d in demands], gammas)
-    tokens = sum(expected_tokens(d.alpha, gamma) for d, gamma in zip(demands, gammas, strict=True))
+    tokens = sum(d.acceptance.tokens(gamma) for d, gamma in zip(demands, gammas, strict=True))
     g = max(gammas, default=0)
     extra = 0.0 if overhead is None else overhead.predict(rows, g, optimistic)
     return tokens / (costs.iteration(rows, g) + extra)
@@ -478,12 +479,13 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
         if isinstance(policy, AutoGamma):
             floor, top = policy.batch_bounds()
             top = 0 if first else max(min(top, cap), 0)
-            demands.append(RowDemand(policy.alpha, min(floor, top), top, row.num_drafts))
+            demands.append(RowDemand(policy.acceptance, min(floor, top), top, row.num_drafts))
             if not policy.drafting and top > 0:
                 readings[b] = (policy.reading_seconds, policy.payback_tokens)
         else:
-            demands.append(RowDemand(PRIOR_ALPHA, 0, max(min(policy.choose(), cap), 0),
-                                     row.num_drafts, fixed=True))
+            demands.append(RowDemand(Acceptance.iid(PRIOR_ALPHA), 0,
+                                     max(min(policy.choose(), cap), 0), row.num_drafts,
+                                     fixed=True))
     choice, demands = reading_choice(demands, readings, costs, overhead)
     return choice if overhead is None else explore(choice, demands, costs, overhead)
 

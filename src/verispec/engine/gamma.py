@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from verispec.checks import check_positive
-from verispec.engine.costs import Overhead, PassCosts, expected_tokens
+from verispec.engine.costs import Acceptance, Overhead, PassCosts
 
-__all__ = ["HISTORY_CAP", "AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts",
-           "best_gamma", "expected_tokens"]
+__all__ = ["HISTORY_CAP", "Acceptance", "AcceptanceCounts", "AutoGamma", "FixedGamma",
+           "GammaPolicy", "PairHistory", "PassCosts", "best_gamma"]
 
 
 class GammaPolicy(Protocol):
@@ -67,8 +67,8 @@ class FixedGamma:
         return str(self.gamma)
 
 
-#: The prior on the acceptance rate: α₀ with the weight of this many observed positions
-#: (α₀ is the pair's pooled acceptance over earlier requests once it has HISTORY_MIN positions).
+#: The prior on the acceptance rates: α₀ at every position with the weight of this many
+#: observed positions (α₀ is the pair's pooled acceptance once it has HISTORY_MIN positions).
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 4.0
 HISTORY_MIN = 32
 #: A pair's pooled acceptance weighs at most this many positions: beyond it the older
@@ -81,52 +81,88 @@ PROBE_EVERY = 16
 PAYBACK_SHARE = 0.5
 
 
-class PairHistory:
-    """The acceptance of one draft/target pair pooled over the requests it has served
-    (accepted drafts and tested positions, at most ``HISTORY_CAP`` positions' worth): the
-    prior of the next request's :class:`AutoGamma`, so a pair whose drafts are usually
-    accepted starts drafting at once. It holds outcomes of earlier iterations only, so a γ
-    chosen from it is still decided before the block it drafts. This class keeps them for
-    one process; :class:`~verispec.engine.history.RecordedHistory` also keeps them on disk
-    for the next."""
+class AcceptanceCounts:
+    """Accepted and tested drafted positions, the first position of each block counted
+    apart from the later ones (:class:`Acceptance`). A block of γ drafts whose first τ are
+    accepted tests positions 1..min(τ + 1, γ)."""
 
     def __init__(self) -> None:
-        self.accepted = 0.0
-        self.tested = 0.0
+        self.first_accepted = self.first_tested = 0.0
+        self.rest_accepted = self.rest_tested = 0.0
 
-    def prior(self) -> float:
-        """The pair's pooled α (PRIOR_ALPHA until HISTORY_MIN positions are known)."""
+    @property
+    def accepted(self) -> float:
+        return self.first_accepted + self.rest_accepted
+
+    @property
+    def tested(self) -> float:
+        return self.first_tested + self.rest_tested
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A block drafted ``drafted`` tokens and ``accepted`` of them were accepted."""
+        if drafted <= 0:
+            return
+        self.first_tested += 1
+        self.first_accepted += 1.0 if accepted >= 1 else 0.0
+        self.rest_tested += min(accepted + 1, drafted) - 1
+        self.rest_accepted += max(accepted - 1, 0)
+
+    def scale(self, factor: float) -> None:
+        """Every count times ``factor`` (older outcomes forgotten in proportion)."""
+        self.first_accepted *= factor
+        self.first_tested *= factor
+        self.rest_accepted *= factor
+        self.rest_tested *= factor
+
+    def estimate(self, prior: Acceptance, weight: float = PRIOR_WEIGHT) -> Acceptance:
+        """Each rate from its own counts, with ``prior``'s rate at the weight of ``weight``
+        positions."""
+        return Acceptance(
+            (self.first_accepted + prior.first * weight) / (self.first_tested + weight),
+            (self.rest_accepted + prior.rest * weight) / (self.rest_tested + weight))
+
+
+class PairHistory(AcceptanceCounts):
+    """The acceptance of one draft/target pair pooled over the requests it has served
+    (at most ``HISTORY_CAP`` positions' worth): the prior of the next request's
+    :class:`AutoGamma`, so a pair whose drafts are usually accepted starts drafting at once.
+    It holds outcomes of earlier iterations only, so a γ chosen from it is still decided
+    before the block it drafts. This class keeps them for one process;
+    :class:`~verispec.engine.history.RecordedHistory` also keeps them on disk for the next."""
+
+    def prior(self) -> Acceptance:
+        """The pair's pooled acceptance (PRIOR_ALPHA until HISTORY_MIN positions are known):
+        the first and the later positions each from their own counts, taken toward the rate
+        over all positions at ``PRIOR_WEIGHT`` (a pair seen drafting one token at a time
+        knows its later positions from that rate alone)."""
         if self.tested < HISTORY_MIN:
-            return PRIOR_ALPHA
-        return self.accepted / self.tested
+            return Acceptance.iid(PRIOR_ALPHA)
+        return self.estimate(Acceptance.iid(self.accepted / self.tested))
 
-    def add(self, accepted: float, tested: float) -> None:
-        self.accepted += accepted
-        self.tested += tested
+    def observe(self, drafted: int, accepted: int) -> None:
+        super().observe(drafted, accepted)
         if self.tested > HISTORY_CAP:  # forget old outcomes in proportion
-            scale = HISTORY_CAP / self.tested
-            self.accepted *= scale
-            self.tested = float(HISTORY_CAP)
+            self.scale(HISTORY_CAP / self.tested)
 
 
-def best_gamma(alpha: float, costs: PassCosts, max_gamma: int,
+def best_gamma(acceptance: Acceptance, costs: PassCosts, max_gamma: int,
                overhead: Overhead | None = None) -> int:
     """The γ in [0, max_gamma] that maximises expected tokens per second:
-    E[tokens](α, γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ)); ties go to the shorter
+    E[tokens](γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ)); ties go to the shorter
     draft."""
-    rates = [expected_tokens(alpha, g) / costs.iteration(g, overhead)
-             for g in range(max_gamma + 1)]
+    rates = [acceptance.tokens(g) / costs.iteration(g, overhead) for g in range(max_gamma + 1)]
     return max(range(max_gamma + 1), key=lambda g: (rates[g], -g))
 
 
 class AutoGamma:
     """γ chosen by measurement, per request (``--gamma auto``).
 
-    Each iteration it estimates the request's acceptance rate α from its own past — every
-    accepted draft token is a success and every rejection a failure, with a prior of
+    Each iteration it estimates the request's :class:`Acceptance` from its own past — every
+    accepted draft token is a success and every rejection a failure, the first position of
+    each block counted apart from the later ones, each rate with a prior of
     ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA``, or at the pair's pooled acceptance over
-    earlier requests when a :class:`PairHistory` is given — and drafts the γ that maximises expected
-    tokens per second under the papers' i.i.d. model with the measured costs (V(k) in the
+    earlier requests when a :class:`PairHistory` is given — and drafts the γ that maximises
+    expected tokens per second under that model with the measured costs (V(k) in the
     denominator, plus the engine's own time per iteration when the engine passes what it has
     measured: plain decoding pays that time on every token, an iteration that drafts γ shares
     it among its accepted tokens). Where speculation does not pay it chooses γ = 0 (plain
@@ -138,7 +174,7 @@ class AutoGamma:
     the time to it never includes that reading (admitted into a batch that is already
     decoding, its first iteration may read and draft: :meth:`batch_bounds`). A request
     starts drafting once that reading is expected to pay back: when it costs no more than
-    the time drafting saves (at the estimated α and best γ) over the tokens decoded so far
+    the time drafting saves (at the estimated acceptance and best γ) over the tokens decoded so far
     plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second token; a
     long one with a small budget is decoded plainly until its output proves long (as in
     ski rental: by the estimate, the wait loses at most what one reading costs). A request
@@ -159,11 +195,11 @@ class AutoGamma:
                  history: PairHistory | None = None) -> None:
         self.costs = costs
         self.history = history
-        self._prior = PRIOR_ALPHA if history is None else None  # None: read at the first choice
+        # None: read from the history at the first choice
+        self._prior = Acceptance.iid(PRIOR_ALPHA) if history is None else None
         self.max_gamma = check_positive("max_gamma", max_gamma)
         self.min_gamma = min(check_positive("min_gamma", min_gamma, minimum=0), self.max_gamma)
-        self.accepted = 0.0
-        self.tested = 0.0
+        self.seen = AcceptanceCounts()  # this request's own outcomes
         self.idle = 0
         self.context = 0  # tokens the draft would read at its first draft
         self.emitted = 0
@@ -179,8 +215,9 @@ class AutoGamma:
         return "auto"
 
     @property
-    def prior(self) -> float:
-        """α₀: ``PRIOR_ALPHA``, or the pair's pooled α as it stands at this request's first
+    def prior(self) -> Acceptance:
+        """``PRIOR_ALPHA`` at every position, or the pair's pooled acceptance as it stands at
+        this request's first
         choice of γ (not when the request was made: a batch submitted at once still starts
         its later requests from the outcomes of the earlier ones), fixed from then on."""
         if self._prior is None:
@@ -189,8 +226,9 @@ class AutoGamma:
         return self._prior
 
     @property
-    def alpha(self) -> float:
-        return (self.accepted + self.prior * PRIOR_WEIGHT) / (self.tested + PRIOR_WEIGHT)
+    def acceptance(self) -> Acceptance:
+        """The request's estimated acceptance: its own outcomes with the prior."""
+        return self.seen.estimate(self.prior)
 
     def _first_choice(self) -> None:
         if self._prior is None:
@@ -200,13 +238,13 @@ class AutoGamma:
         self._first_choice()
         if self.reading_deferred:
             return 0
-        gamma = max(best_gamma(self.alpha, self.costs, self.max_gamma, overhead),
+        gamma = max(best_gamma(self.acceptance, self.costs, self.max_gamma, overhead),
                     self.min_gamma)
         if self.learning:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
-            saving = self.costs.saving(self.alpha, gamma, overhead)
+            saving = self.costs.saving(self.acceptance, gamma, overhead)
             if gamma == 0 or not self._reading_pays(saving):
                 return 0
             self.drafting = True
@@ -264,8 +302,8 @@ class AutoGamma:
         token comes from the batch's iteration whatever that is, and a row held at γ = 0
         would still be padded to the batch's block. Neither a new pair nor a periodic probe
         makes a row draft here: one drafting row pads the pass of every row of the batch to
-        its block, so a new pair is judged at its prior α and learned by requests that run
-        alone. A row the batch keeps at γ = 0 keeps its estimate of α until it drafts again
+        its block, so a new pair is judged at its prior and learned by requests that run
+        alone. A row the batch keeps at γ = 0 keeps its estimate until it drafts again
         (alone, it probes as before)."""
         self._first_choice()
         return self.min_gamma, self.max_gamma
@@ -273,9 +311,7 @@ class AutoGamma:
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
             self.drafting = True  # the draft has read the context: that cost is paid
-        tested = accepted + (1 if accepted < drafted else 0)
         self.emitted += accepted + 1
-        self.accepted += accepted
-        self.tested += tested
+        self.seen.observe(drafted, accepted)
         if self.history is not None:
-            self.history.add(accepted, tested)
+            self.history.observe(drafted, accepted)

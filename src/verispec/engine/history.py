@@ -30,7 +30,7 @@ __all__ = ["SAVE_INTERVAL_S", "RecordedHistory", "history_file", "pair_history_f
 
 #: A history writes its counts at most this often while requests run (and once at exit).
 SAVE_INTERVAL_S = 1.0
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 _LIVE: weakref.WeakSet[RecordedHistory] = weakref.WeakSet()
 
@@ -42,14 +42,15 @@ class RecordedHistory(PairHistory):
     def __init__(self, file: Path) -> None:
         super().__init__()
         self.file = file
-        self.accepted, self.tested = _read(file)
+        (self.first_accepted, self.first_tested,
+         self.rest_accepted, self.rest_tested) = _read(file)
         self.recorded = self.tested  # positions known from earlier processes
         self._changed = False
         self._saved_at = time.monotonic()
         _LIVE.add(self)
 
-    def add(self, accepted: float, tested: float) -> None:
-        super().add(accepted, tested)
+    def observe(self, drafted: int, accepted: int) -> None:
+        super().observe(drafted, accepted)
         self._changed = True
         if time.monotonic() - self._saved_at >= SAVE_INTERVAL_S:
             self.save()
@@ -60,26 +61,31 @@ class RecordedHistory(PairHistory):
             return
         from verispec.models.fetch import save_record
 
-        save_record(self.file, {"version": RECORD_VERSION, "accepted": self.accepted,
-                                "tested": self.tested})
+        save_record(self.file, {"version": RECORD_VERSION,
+                                "first": [self.first_accepted, self.first_tested],
+                                "rest": [self.rest_accepted, self.rest_tested]})
         self._changed = False
         self._saved_at = time.monotonic()
 
 
-def _read(file: Path) -> tuple[float, float]:
-    """(accepted, tested) from a record, (0, 0) where there is none or it does not hold two
-    finite counts with 0 ≤ accepted ≤ tested (capped at ``HISTORY_CAP`` positions)."""
+def _read(file: Path) -> tuple[float, float, float, float]:
+    """(first accepted, first tested, rest accepted, rest tested) from a record (the
+    :class:`~verispec.engine.gamma.AcceptanceCounts`); zeros where there is none, it is of
+    another version or it does not hold finite counts with 0 ≤ accepted ≤ tested (scaled
+    down to ``HISTORY_CAP`` positions in all)."""
     try:
         data = json.loads(file.read_text())
-        accepted, tested = float(data["accepted"]), float(data["tested"])
+        counts = [float(x) for part in ("first", "rest") for x in data[part]]
     except (OSError, ValueError, KeyError, TypeError):
-        return 0.0, 0.0
-    if data.get("version") != RECORD_VERSION or not (
-            math.isfinite(accepted) and math.isfinite(tested) and 0 <= accepted <= tested):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
+    if data.get("version") != RECORD_VERSION or len(counts) != 4 or not all(
+            math.isfinite(x) for x in counts) or not all(
+            0 <= accepted <= tested for accepted, tested in (counts[:2], counts[2:])):
+        return 0.0, 0.0, 0.0, 0.0
+    tested = counts[1] + counts[3]
     if tested > HISTORY_CAP:
-        accepted, tested = accepted * HISTORY_CAP / tested, float(HISTORY_CAP)
-    return accepted, tested
+        counts = [x * HISTORY_CAP / tested for x in counts]
+    return counts[0], counts[1], counts[2], counts[3]
 
 
 def history_file(target: CausalLM, draft: CausalLM, method: str, warp: object) -> Path | None:
