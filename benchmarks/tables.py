@@ -44,6 +44,7 @@ SERVE_PEERS = {name: ("serve-vllm-plain-xeon-vnni.json", "serve-vllm-spec-xeon-v
                for name in ("serve-verispec-vs-vllm-xeon-vnni.json",
                             "serve-gamma-auto-xeon-vnni.json",
                             "serve-gamma-auto-admitted-reader-xeon-vnni.json",
+                            "serve-gamma-auto-first-position-xeon-vnni.json",
                             "serve-gamma-auto-first-token-xeon-vnni.json")}
 
 Renderer = Callable[[Path], str]

@@ -218,5 +218,7 @@ def test_a_serve_run_is_merged_with_the_vllm_reports_it_is_set_against(
     for name, line in (("serve-gamma-auto-admitted-reader-xeon-vnni.json",
                         "| 1 | 16 | block γ=auto | vllm-plain | 1.721× [1.557, 1.903] |"),
                        ("serve-gamma-auto-xeon-vnni.json",
-                        "| 0 | 8 | ar | vllm-plain | 1.647× [1.458, 1.859] |")):
+                        "| 0 | 8 | ar | vllm-plain | 1.647× [1.458, 1.859] |"),
+                       ("serve-gamma-auto-first-position-xeon-vnni.json",
+                        "| 0 | 4 | block γ=auto | vllm-plain | 1.412× [1.247, 1.597] |")):
         assert line in _render(tables, name)
