@@ -52,6 +52,7 @@ def test_counts_written_by_one_history_are_read_by_the_next(tmp_path: Path) -> N
     json.dumps({"version": 2, "first": [1, 5], "rest": [-1, 2]}),
     json.dumps({"version": 2, "first": ["nan", 50], "rest": [1, 2]}),
     json.dumps({"version": 2, "first": [1, 2, 3], "rest": [1, 2]}),
+    json.dumps({"version": 2, "first": [1, 2, 3], "rest": [3]}),
     json.dumps({"version": 1, "accepted": 40, "tested": 50}),  # one rate for all positions
     json.dumps({"version": 99, "first": [4, 5], "rest": [4, 5]})])
 def test_an_unusable_record_starts_from_nothing(tmp_path: Path, text: str) -> None:

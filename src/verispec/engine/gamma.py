@@ -174,8 +174,8 @@ class AutoGamma:
     the time to it never includes that reading (admitted into a batch that is already
     decoding, its first iteration may read and draft: :meth:`batch_bounds`). A request
     starts drafting once that reading is expected to pay back: when it costs no more than
-    the time drafting saves (at the estimated acceptance and best γ) over the tokens decoded so far
-    plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second token; a
+    the time drafting saves (at the estimated acceptance and best γ) over the tokens decoded
+    so far plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second token; a
     long one with a small budget is decoded plainly until its output proves long (as in
     ski rental: by the estimate, the wait loses at most what one reading costs). A request
     of fixed length (EOS ignored) knows how many tokens it has left: it reads as soon as

@@ -75,12 +75,14 @@ def _read(file: Path) -> tuple[float, float, float, float]:
     down to ``HISTORY_CAP`` positions in all)."""
     try:
         data = json.loads(file.read_text())
-        counts = [float(x) for part in ("first", "rest") for x in data[part]]
+        parts = [[float(x) for x in data[part]] for part in ("first", "rest")]
     except (OSError, ValueError, KeyError, TypeError):
         return 0.0, 0.0, 0.0, 0.0
-    if data.get("version") != RECORD_VERSION or len(counts) != 4 or not all(
-            math.isfinite(x) for x in counts) or not all(
-            0 <= accepted <= tested for accepted, tested in (counts[:2], counts[2:])):
+    if data.get("version") != RECORD_VERSION or any(len(part) != 2 for part in parts):
+        return 0.0, 0.0, 0.0, 0.0
+    counts = parts[0] + parts[1]
+    if not all(math.isfinite(x) for x in counts) or not all(
+            0 <= accepted <= tested for accepted, tested in parts):
         return 0.0, 0.0, 0.0, 0.0
     tested = counts[1] + counts[3]
     if tested > HISTORY_CAP:
