@@ -98,7 +98,8 @@ def test_batch_costs_interpolate_and_slice() -> None:
 
 
 def test_batch_choice_respects_floors_caps_and_fixed_rows() -> None:
-    demands = [RowDemand(Acceptance.iid(0.9), 0, 2), RowDemand(Acceptance.iid(0.1), 1, 3), RowDemand(Acceptance.iid(0.9), 0, 0),
+    demands = [RowDemand(Acceptance.iid(0.9), 0, 2), RowDemand(Acceptance.iid(0.1), 1, 3),
+               RowDemand(Acceptance.iid(0.9), 0, 0),
                RowDemand(Acceptance.iid(0.5), 0, 3, fixed=True)]
     got = batch_choice(demands, FLAT)
     assert got[0] <= 2 and got[1] >= 1 and got[2] == 0 and got[3] == 3

@@ -75,7 +75,8 @@ def test_history_weighs_at_most_its_cap(tmp_path: Path) -> None:
     for _ in range(100):  # a change of prompts moves the prior by its share of the cap
         h.observe(4, 0)
     assert h.tested == pytest.approx(HISTORY_CAP)
-    assert h.first_accepted == pytest.approx(first_accepted * (HISTORY_CAP / (HISTORY_CAP + 1)) ** 100)
+    kept = (HISTORY_CAP / (HISTORY_CAP + 1)) ** 100  # each added position scales the rest
+    assert h.first_accepted == pytest.approx(first_accepted * kept)
     file = tmp_path / "big.json"
     file.write_text(json.dumps({"version": 2, "first": [4e5, 5e5], "rest": [4e5, 5e5]}))
     big = RecordedHistory(file)

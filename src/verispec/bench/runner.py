@@ -445,12 +445,15 @@ def _recorded_priors(s: BenchSettings, configs: Sequence[Config], target: Causal
             continue
         h = pair_history(target, draft, plan.engine_method.name, plan.sampling)
         known = getattr(h, "recorded", 0.0)
-        prior = h.prior()
-        lines.append(f"{c.method.label} T={c.temperature:g}: " + (
-            f"α₀ {prior.first:.3f} at a block's first position, {prior.rest:.3f} after it, "
-            f"from {known:.0f} positions recorded by earlier runs" if known >= HISTORY_MIN
-            else f"the generic prior ({known:.0f} positions recorded, fewer than {HISTORY_MIN})"
-            if known else "no acceptance recorded, the generic prior"))
+        if known >= HISTORY_MIN:
+            prior = h.prior()
+            start = (f"α₀ {prior.first:.3f} at a block's first position, {prior.rest:.3f} "
+                     f"after it, from {known:.0f} positions recorded by earlier runs")
+        elif known:
+            start = f"the generic prior ({known:.0f} positions recorded, fewer than {HISTORY_MIN})"
+        else:
+            start = "no acceptance recorded, the generic prior"
+        lines.append(f"{c.method.label} T={c.temperature:g}: {start}")
     return lines
 
 

@@ -32,8 +32,9 @@ weighed against a batch in which every row drafts at its own acceptance when the
 beside it would keep the batch plain. A reading, once paid, is sunk, while decoding
 without it costs nothing irreversible: so a side whose pass shapes the engine has not
 measured recently is priced :data:`READING_MARGIN` against the reading (the drafting
-side dearer, the other cheaper). Where plain and drafting batches are predicted within that margin of each other
-from the grid alone, the batch decodes plainly, and measures the plain shape as it does.
+side dearer, the other cheaper). Where plain and drafting batches are predicted within
+that margin of each other from the grid alone, the batch decodes plainly, and measures the
+plain shape as it does.
 A batch whose rows all wait for their first token (admitted at once) decodes it plainly, so
 that no time to first token includes a reading; a row admitted into a batch that is already
 decoding is a reader from its first iteration: held at γ = 0 it would be padded to the

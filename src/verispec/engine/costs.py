@@ -35,9 +35,9 @@ from verispec.models.base import CausalLM
 
 __all__ = [
     "BATCH_MAX_K",
-    "Acceptance",
     "BATCH_ROWS",
     "PROBE_SIZES",
+    "Acceptance",
     "BatchCosts",
     "Overhead",
     "PassCosts",

@@ -141,7 +141,11 @@ class PairHistory(AcceptanceCounts):
 
     def observe(self, drafted: int, accepted: int) -> None:
         super().observe(drafted, accepted)
-        if self.tested > HISTORY_CAP:  # forget old outcomes in proportion
+        self.cap()
+
+    def cap(self) -> None:
+        """Beyond ``HISTORY_CAP`` positions, older outcomes are forgotten in proportion."""
+        if self.tested > HISTORY_CAP:
             self.scale(HISTORY_CAP / self.tested)
 
 
@@ -175,9 +179,9 @@ class AutoGamma:
     decoding, its first iteration may read and draft: :meth:`batch_bounds`). A request
     starts drafting once that reading is expected to pay back: when it costs no more than
     the time drafting saves (at the estimated acceptance and best γ) over the tokens decoded
-    so far plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second token; a
-    long one with a small budget is decoded plainly until its output proves long (as in
-    ski rental: by the estimate, the wait loses at most what one reading costs). A request
+    so far plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second
+    token; a long one with a small budget is decoded plainly until its output proves long
+    (as in ski rental: by the estimate, the wait loses at most what one reading costs). A request
     of fixed length (EOS ignored) knows how many tokens it has left: it reads as soon as
     they would repay the reading. While it waits it does not probe (a probe would need the
     reading). So that a pessimistic prior cannot keep a pair from ever drafting, requests
@@ -217,9 +221,9 @@ class AutoGamma:
     @property
     def prior(self) -> Acceptance:
         """``PRIOR_ALPHA`` at every position, or the pair's pooled acceptance as it stands at
-        this request's first
-        choice of γ (not when the request was made: a batch submitted at once still starts
-        its later requests from the outcomes of the earlier ones), fixed from then on."""
+        this request's first choice of γ (not when the request was made: a batch submitted
+        at once still starts its later requests from the outcomes of the earlier ones),
+        fixed from then on."""
         if self._prior is None:
             assert self.history is not None
             return self.history.prior()

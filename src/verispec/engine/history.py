@@ -23,7 +23,7 @@ import weakref
 from pathlib import Path
 
 from verispec.engine.costs import pair_key
-from verispec.engine.gamma import HISTORY_CAP, PairHistory
+from verispec.engine.gamma import PairHistory
 from verispec.models.base import CausalLM
 
 __all__ = ["SAVE_INTERVAL_S", "RecordedHistory", "history_file", "pair_history_for"]
@@ -44,6 +44,7 @@ class RecordedHistory(PairHistory):
         self.file = file
         (self.first_accepted, self.first_tested,
          self.rest_accepted, self.rest_tested) = _read(file)
+        self.cap()
         self.recorded = self.tested  # positions known from earlier processes
         self._changed = False
         self._saved_at = time.monotonic()
@@ -71,8 +72,7 @@ class RecordedHistory(PairHistory):
 def _read(file: Path) -> tuple[float, float, float, float]:
     """(first accepted, first tested, rest accepted, rest tested) from a record (the
     :class:`~verispec.engine.gamma.AcceptanceCounts`); zeros where there is none, it is of
-    another version or it does not hold finite counts with 0 ≤ accepted ≤ tested (scaled
-    down to ``HISTORY_CAP`` positions in all)."""
+    another version or it does not hold finite counts with 0 ≤ accepted ≤ tested."""
     try:
         data = json.loads(file.read_text())
         parts = [[float(x) for x in data[part]] for part in ("first", "rest")]
@@ -80,14 +80,11 @@ def _read(file: Path) -> tuple[float, float, float, float]:
         return 0.0, 0.0, 0.0, 0.0
     if data.get("version") != RECORD_VERSION or any(len(part) != 2 for part in parts):
         return 0.0, 0.0, 0.0, 0.0
-    counts = parts[0] + parts[1]
-    if not all(math.isfinite(x) for x in counts) or not all(
+    (first_accepted, first_tested), (rest_accepted, rest_tested) = parts
+    if not all(math.isfinite(x) for x in parts[0] + parts[1]) or not all(
             0 <= accepted <= tested for accepted, tested in parts):
         return 0.0, 0.0, 0.0, 0.0
-    tested = counts[1] + counts[3]
-    if tested > HISTORY_CAP:
-        counts = [x * HISTORY_CAP / tested for x in counts]
-    return counts[0], counts[1], counts[2], counts[3]
+    return first_accepted, first_tested, rest_accepted, rest_tested
 
 
 def history_file(target: CausalLM, draft: CausalLM, method: str, warp: object) -> Path | None:
