@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from verispec.engine.gamma import Acceptance, AcceptanceCounts, AutoGamma, PassCosts, best_gamma
+from verispec.engine.gamma import (FLAT_TOLERANCE, Acceptance, AcceptanceCounts, AutoGamma,
+                                   PassCosts, best_gamma, flat_best)
 
 #: A target pass that grows slowly with its tokens and a cheap draft step: long blocks pay
 #: where the later positions are accepted often.
@@ -59,11 +60,13 @@ def _run(seed: int, iterations: int) -> tuple[list[int], AutoGamma]:
 
 def test_a_low_first_position_does_not_keep_blocks_short() -> None:
     """The draft is accepted at 0.7 at a block's first position and 0.95 after it, where
-    γ 8 pays best. The request learns both rates and drafts about γ 8. One rate for all
-    positions, pooled from the same outcomes (mostly first positions and early ones),
-    would choose γ ≤ 6 (the control)."""
+    γ 8 pays best and γ 7, within FLAT_TOLERANCE of it, is chosen. The request learns both
+    rates and drafts about γ 7. One rate for all positions, pooled from the same outcomes
+    (mostly first positions and early ones), would choose γ ≤ 5 (the control)."""
+    rates = [TRUTH.tokens(g) / COSTS.iteration(g) for g in range(13)]
+    assert max(range(13), key=rates.__getitem__) == 8
     best = best_gamma(TRUTH, COSTS, 12)
-    assert best == 8
+    assert best == 7 and rates[7] >= (1 - FLAT_TOLERANCE) * rates[8]
     gammas, policy = _run(seed=0, iterations=400)
     late = Counter(gammas[200:])
     assert sum(n for g, n in late.items() if abs(g - best) <= 1) == 200
@@ -72,3 +75,13 @@ def test_a_low_first_position_does_not_keep_blocks_short() -> None:
     assert est.rest == pytest.approx(TRUTH.rest, abs=0.02)
     pooled = Acceptance.iid(policy.seen.accepted / policy.seen.tested)
     assert best_gamma(pooled, COSTS, 12) <= best - 2
+
+
+def test_the_shortest_gamma_within_the_tolerance_of_the_best_is_chosen() -> None:
+    """Of rates nearly flat at their top the first within FLAT_TOLERANCE of the largest is
+    taken (a longer block is drafted only for a gain above it); exact ties go to the first."""
+    assert FLAT_TOLERANCE == 0.01
+    assert flat_best([1.0, 1.5, 1.985, 2.0, 1.99]) == 2
+    assert flat_best([1.0, 1.5, 1.975, 2.0, 1.99]) == 3
+    assert flat_best([2.0, 2.0, 1.0]) == 0
+    assert flat_best([0.5]) == 0

@@ -77,11 +77,12 @@ def _cheap_tokens(r: int, k: int) -> float:
     return 0.3 + 0.2 * r + 0.01 * r * (k - 1)
 
 
-def test_shape_times_interpolate_extrapolate_and_expire() -> None:
+def test_shape_times_interpolate_extrapolate_and_age() -> None:
     """Between measured shapes of one row count the time is interpolated in tokens, beyond
     the longest it grows along the last slope, below the shortest (or from a single shape)
-    with the grid's shape; another row count, or a shape not seen for SHAPE_FRESH
-    iterations, is not predicted."""
+    with the grid's shape; another row count is not predicted. A shape not seen for
+    SHAPE_FRESH iterations is kept, at the level of its last pass, where it was measured
+    SHAPE_TRUSTED times, and forgotten where it was measured fewer."""
     shapes = ShapeLevels()
     for t in (1.0, 5.0, 1.0):  # a median: one busy pass does not count
         shapes.observe((8, 2), t, now=0)
@@ -94,8 +95,21 @@ def test_shape_times_interpolate_extrapolate_and_expire() -> None:
     shapes.observe((8, 4), 4.0, now=10)
     shapes.observe((8, 4), 3.0, now=10)
     assert shapes.seconds(8, 4, SHAPE_FRESH + 5, grid) == pytest.approx(3.0)  # median of 2, 4, 3
-    assert shapes.seconds(8, 2, SHAPE_FRESH + 5, grid) == pytest.approx(1.5)  # (8, 2) expired
-    assert shapes.seconds(8, 4, SHAPE_FRESH + 11, grid) is None
+    assert shapes.seconds(8, 2, SHAPE_FRESH + 5, grid) == pytest.approx(1.0)  # (8, 2) aged, kept
+    assert shapes.seconds(8, 4, SHAPE_FRESH + 11, grid) == pytest.approx(3.0)  # both aged
+    # the passes now run 1.5x the level at which both were measured: both move with it
+
+    def slower(k: int) -> float:
+        return 1.5 * grid(k)
+
+    assert shapes.seconds(8, 2, SHAPE_FRESH + 11, slower, level=1.5) == pytest.approx(1.5)
+    assert shapes.seconds(8, 4, SHAPE_FRESH + 11, slower, level=1.5) == pytest.approx(4.5)
+    assert shapes.seconds(8, 4, SHAPE_FRESH + 5, slower, level=1.5) == pytest.approx(
+        (SHAPE_TRUSTED * 3.0 / slower(4) + SHAPE_PRIOR * 1.0) / (SHAPE_TRUSTED + SHAPE_PRIOR)
+        * slower(4))  # (8, 4) fresh, as measured, toward the line of (8, 2) at the new level
+    shapes.observe((4, 3), 1.5, now=0)  # one pass
+    assert shapes.seconds(4, 3, SHAPE_FRESH, grid) == pytest.approx(1.5)
+    assert shapes.seconds(4, 3, SHAPE_FRESH + 1, grid) is None
 
 
 def _measured(times: dict[int, tuple[float, int]]) -> ShapeLevels:
@@ -258,6 +272,10 @@ def test_a_reading_within_the_margin_waits_until_both_sides_are_measured() -> No
     _record(overhead, policy, rows, 0, CHEAP_TOKENS)
     assert overhead.measured(rows, 0) and not overhead.measured(rows, g)
     _record(overhead, policy, rows, g, CHEAP_TOKENS)
+    assert overhead.measured(rows, g) and reads(0.9) and not reads(1.1)
+    # a plain stretch ages the drafting shapes out: still measured, the readings still paid
+    _record(overhead, policy, rows, 0, CHEAP_TOKENS, times=SHAPE_FRESH + 1)
+    assert not overhead.draft_shapes.fresh((rows, g), overhead.iterations)
     assert overhead.measured(rows, g) and reads(0.9) and not reads(1.1)
 
 

@@ -20,8 +20,9 @@ of an iteration, the first over two tokens per row
 at a given g every row's E[tokens] grows with γ_b, so the best allocation with maximum g
 gives each row min(max(g, floor_b), cap_b). Trying every g from 0 to the largest cap (at
 most ``max_gamma`` + 1 evaluations) therefore finds the exact optimum of the model for
-single-draft rows; ties go to the shorter g. Rows with a fixed γ keep it (their blocks
-count in g and their tokens, at the prior acceptance, in the numerator).
+single-draft rows, of which the shortest g within
+:data:`~verispec.engine.gamma.FLAT_TOLERANCE` of it is taken. Rows with a fixed γ keep it
+(their blocks count in g and their tokens, at the prior acceptance, in the numerator).
 
 **Reading.** A row whose draft has not read its context yet drafts (and so reads) only
 where the batch choice itself gains enough by drafting it to repay the reading
@@ -30,8 +31,8 @@ and the reading — during which every row of the batch waits — must be repaid
 row's payback tokens (:attr:`AutoGamma.payback_tokens`). A row's reading is thus never
 weighed against a batch in which every row drafts at its own acceptance when the rows
 beside it would keep the batch plain. A reading, once paid, is sunk, while decoding
-without it costs nothing irreversible: so a side whose pass shapes the engine has not
-measured recently is priced :data:`READING_MARGIN` against the reading (the drafting
+without it costs nothing irreversible: so a side whose pass shapes the engine has never
+measured is priced :data:`READING_MARGIN` against the reading (the drafting
 side dearer, the other cheaper). Where plain and drafting batches are predicted within
 that margin of each other from the grid alone, the batch decodes plainly, and measures the
 plain shape as it does.
@@ -63,9 +64,10 @@ the choice still depends only on the past.
 **Shapes measured, and explored.** A level cannot correct a grid whose shape is wrong (a
 start-up timing on a busy minute that made 5-token passes look dear against 1-token ones):
 target passes are therefore predicted per shape (:class:`ShapeLevels`: rows × tokens, a
-factor on the grid per shape measured recently at those rows, each taken toward a line
-through all of them, interpolated in tokens) and an
-iteration's draft passes per rows × γ, where measured recently, and a batch that keeps
+factor on the grid per shape measured at those rows, each taken toward a line through
+all of them, interpolated in tokens; one not measured recently moved with the level since
+its last pass) and an iteration's draft passes per rows × γ, where measured, and a batch
+that keeps
 drafting while plain decoding, on a shape not measured recently, is predicted within
 :data:`EXPLORE_MARGIN` of it (at the smaller of its grid time and its re-levelled time)
 decodes one iteration plainly every :data:`EXPLORE_EVERY` iterations (:func:`explore`), so
@@ -86,7 +88,7 @@ import torch
 
 from verispec.drafters.base import Drafter
 from verispec.engine.costs import Acceptance, BatchCosts, interpolate
-from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy
+from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, flat_best
 from verispec.engine.request import Row
 
 __all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_PRIOR",
@@ -142,8 +144,9 @@ SLOPE_SPAN = 2
 #: fitted through the factors of all fresh shapes of its row count (:class:`ShapeLevels`): a
 #: shape of SHAPE_TRUSTED passes keeps less than half its own, one of a whole window two thirds.
 SHAPE_PRIOR = 4
-#: Iterations after which a shape's level is no longer used (the machine may have changed
-#: speed since): its passes are then predicted at the level of all passes.
+#: Iterations after which a shape's own median is no longer taken as its time now (the
+#: machine may have changed speed since): its factor on the grid is then taken at the level
+#: of its last pass, and plain decoding on it may be explored.
 SHAPE_FRESH = 256
 #: Plain decoding predicted within this fraction of a drafting batch's rate, on a shape not
 #: measured for :data:`SHAPE_FRESH` iterations, is worth measuring.
@@ -152,8 +155,9 @@ EXPLORE_MARGIN = 0.25
 #: plainly where that is predicted up to :data:`EXPLORE_MARGIN` slower).
 EXPLORE_EVERY = 32
 #: A reading is a cost sunk once paid: it is paid only where it pays with every iteration of a
-#: pass shape not measured recently predicted this fraction dearer on the drafting side and
-#: cheaper on the side without the reading (two measured shapes are compared as measured).
+#: pass shape never measured :data:`SHAPE_TRUSTED` times predicted this fraction dearer on the
+#: drafting side and cheaper on the side without the reading (two measured shapes are
+#: compared as measured).
 #: Before a batch has drafted, its drafting rate rests on the grid, the pair's prior and
 #: an own time learned from other shapes: the first prediction for 8 rows drafting ran
 #: about 8% above what their iterations then delivered, and rows of one length that finish
@@ -198,7 +202,7 @@ class PassLevel:
 class ShapeLevels:
     """Measured times of passes per shape (cache rows R, tokens k; for the draft passes of
     an iteration, k = γ), kept as factors on the grid: each shape's median over its last
-    :data:`SHAPE_WINDOW` passes, divided by the grid's time at the current level, kept for
+    :data:`SHAPE_WINDOW` passes, divided by the grid's time at the current level, for
     :data:`SHAPE_FRESH` iterations after its last pass.
 
     A shape's median rests on a few passes, often timed within one minute, while the
@@ -211,20 +215,34 @@ class ShapeLevels:
     line (a shape of few passes mostly follows the others; one measured over a whole
     window keeps the larger share of its own). Between the fresh shapes the factor is
     interpolated in k; beyond them it stays at the nearest one's, so the time follows the
-    grid's shape from there."""
+    grid's shape from there.
+
+    A shape not measured for :data:`SHAPE_FRESH` iterations (a plain stretch ages out every
+    drafting shape) is not forgotten: once measured :data:`SHAPE_TRUSTED` times it stays
+    in the fit as its median divided by the grid at the level of its last pass (``level``
+    of :meth:`observe`), so a change of the machine's speed since then moves it with the
+    level. Forgotten, the drafting shapes of a batch that has decoded plainly for a while
+    would fall back to the grid and be priced :data:`READING_MARGIN` dearer as never
+    measured: four new rows whose drafting was predicted 21% ahead of plain decoding stayed
+    plain."""
 
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], deque[float]] = {}
         self.seen: dict[tuple[int, int], int] = {}  # shape -> iteration of its last pass
-        # rows -> the fresh ks of those rows and their factors at iteration known_at (the
+        self.levels: dict[tuple[int, int], float] = {}  # shape -> level at its last pass
+        # rows -> the ks used for those rows and their factors at iteration known_at (the
         # policy asks for many k and several row counts between two passes)
         self.known: dict[int, tuple[list[int], list[float]]] = {}
         self.known_at = -1
 
-    def observe(self, shape: tuple[int, int], measured: float, now: int) -> None:
+    def observe(self, shape: tuple[int, int], measured: float, now: int,
+                level: float = 1.0) -> None:
+        """A pass of ``shape`` took ``measured`` seconds while its kind of pass ran at
+        ``level`` (:attr:`PassLevel.scale`) against the grid."""
         if measured > 0.0:
             self.times.setdefault(shape, deque(maxlen=SHAPE_WINDOW)).append(measured)
             self.seen[shape] = now
+            self.levels[shape] = level
             self.known.clear()
 
     def _median(self, shape: tuple[int, int], grid: Callable[[int], float]) -> float:
@@ -238,30 +256,41 @@ class ShapeLevels:
     def fresh(self, shape: tuple[int, int], now: int) -> bool:
         return shape in self.seen and now - self.seen[shape] <= SHAPE_FRESH
 
-    def trusted(self, shape: tuple[int, int], now: int) -> bool:
-        """Fresh, and measured at least :data:`SHAPE_TRUSTED` times."""
-        return self.fresh(shape, now) and len(self.times[shape]) >= SHAPE_TRUSTED
+    def trusted(self, shape: tuple[int, int], now: int | None = None) -> bool:
+        """Measured at least :data:`SHAPE_TRUSTED` times (and fresh at ``now``, if given)."""
+        return (shape in self.times and len(self.times[shape]) >= SHAPE_TRUSTED
+                and (now is None or self.fresh(shape, now)))
 
-    def _factors(self, rows: int, now: int, grid: Callable[[int], float],
+    def _factor(self, shape: tuple[int, int], now: int, grid: Callable[[int], float],
+                level: float) -> float:
+        """A fresh shape's factor on ``grid`` (at the current ``level``); an aged one's on
+        the grid at the level of its last pass."""
+        factor = self._median(shape, grid) / grid(shape[1])
+        return factor if self.fresh(shape, now) else factor * level / self.levels[shape]
+
+    def _factors(self, rows: int, now: int, grid: Callable[[int], float], level: float,
                  ) -> tuple[list[int], list[float]]:
-        """The fresh ks of ``rows`` rows and their factors on ``grid``, each taken toward
-        the weighted line through all of them."""
-        ks = sorted(x for r, x in self.seen if r == rows and self.fresh((r, x), now))
+        """The ks of ``rows`` rows measured recently or trusted, and their factors on
+        ``grid``, each taken toward the weighted line through all of them."""
+        ks = sorted(x for r, x in self.seen
+                    if r == rows and (self.fresh((r, x), now) or self.trusted((r, x))))
         if not ks:
             return [], []
-        own = [self._median((rows, x), grid) / grid(x) for x in ks]
+        own = [self._factor((rows, x), now, grid, level) for x in ks]
         weights = [float(len(self.times[(rows, x)])) for x in ks]
         line = _weighted_line(ks, own, weights)
         return ks, [(w * f + SHAPE_PRIOR * line(x)) / (w + SHAPE_PRIOR)
                     for x, f, w in zip(ks, own, weights, strict=True)]
 
-    def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float]) -> float | None:
-        """The predicted time of a pass of ``rows`` rows × k tokens (None: no fresh shape of
-        those rows); ``grid(k)``: the grid's time at those rows, at the current level."""
+    def seconds(self, rows: int, k: int, now: int, grid: Callable[[int], float],
+                level: float = 1.0) -> float | None:
+        """The predicted time of a pass of ``rows`` rows × k tokens (None: no shape of those
+        rows fresh or trusted); ``grid(k)``: the grid's time at those rows, at the current
+        ``level``."""
         if now != self.known_at:
             self.known, self.known_at = {}, now
         if rows not in self.known:
-            self.known[rows] = self._factors(rows, now, grid)
+            self.known[rows] = self._factors(rows, now, grid, level)
         ks, factors = self.known[rows]
         if not ks:
             return None
@@ -340,9 +369,10 @@ class IterationOverhead:
         planned, steps = grid.target_pass(rows, g + 1), grid.draft_passes(rows, g)
         level, draft_level = self.target_level.scale, self.draft_level.scale
         target = self.shapes.seconds(rows, g + 1, self.iterations,
-                                     lambda k: grid.target_pass(rows, k) * level)
+                                     lambda k: grid.target_pass(rows, k) * level, level)
         drafted = None if g == 0 else self.draft_shapes.seconds(
-            rows, g, self.iterations, lambda k: grid.draft_passes(rows, k) * draft_level)
+            rows, g, self.iterations, lambda k: grid.draft_passes(rows, k) * draft_level,
+            draft_level)
         return ((steps * draft_level if drafted is None else drafted) - steps
                 + (planned * level if target is None else target) - planned)
 
@@ -354,11 +384,10 @@ class IterationOverhead:
 
     def measured(self, rows: int, g: int) -> bool:
         """Whether the passes of an iteration of ``rows`` cache rows and longest draft g
-        (target pass and draft passes) are predicted from recent measurements of their
-        shapes (:meth:`ShapeLevels.trusted`) rather than from the grid."""
-        now = self.iterations
-        return self.shapes.trusted((rows, g + 1), now) and (
-            g == 0 or self.draft_shapes.trusted((rows, g), now))
+        (target pass and draft passes) are predicted from measurements of their shapes
+        (:meth:`ShapeLevels.trusted`, recent or not) rather than from the grid."""
+        return self.shapes.trusted((rows, g + 1)) and (
+            g == 0 or self.draft_shapes.trusted((rows, g)))
 
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
@@ -399,9 +428,11 @@ class IterationOverhead:
             drafting, scoring = passes
             if g > 0:
                 self.draft_level.observe(drafting, costs.draft_passes(cache_rows, g))
-                self.draft_shapes.observe((cache_rows, g), drafting, self.iterations)
+                self.draft_shapes.observe((cache_rows, g), drafting, self.iterations,
+                                          self.draft_level.scale)
             self.target_level.observe(scoring, costs.target_pass(cache_rows, g + 1))
-            self.shapes.observe((cache_rows, g + 1), scoring, self.iterations)
+            self.shapes.observe((cache_rows, g + 1), scoring, self.iterations,
+                                self.target_level.scale)
         self.observe(cache_rows, g,
                      seconds - costs.iteration(cache_rows, g) - self.drift(cache_rows, g))
 
@@ -438,11 +469,11 @@ def batch_rate(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
 
 def batch_choice(demands: Sequence[RowDemand], costs: BatchCosts,
                  overhead: IterationOverhead | None = None) -> list[int]:
-    """Every row's γ: the longest draft g in [0, max cap] of highest :func:`batch_rate`
-    (ties: the shorter), each row at :meth:`RowDemand.gamma` of it."""
+    """Every row's γ: the shortest longest draft g in [0, max cap] whose :func:`batch_rate`
+    is within :data:`~verispec.engine.gamma.FLAT_TOLERANCE` of the highest, each row at
+    :meth:`RowDemand.gamma` of it."""
     top = max((d.cap for d in demands), default=0)
-    rates = [batch_rate(demands, costs, g, overhead) for g in range(top + 1)]
-    best = max(range(top + 1), key=lambda g: (rates[g], -g))
+    best = flat_best([batch_rate(demands, costs, g, overhead) for g in range(top + 1)])
     return [d.gamma(best) for d in demands]
 
 
@@ -504,7 +535,7 @@ def reading_choice(demands: Sequence[RowDemand], readings: dict[int, tuple[float
     most that saving over the shortest payback of the readers. Where they do not, the
     reader whose reading is dearest per payback token is dropped and the rest weighed
     again. A batch that would not draft the readers even so does not read for them. With
-    ``overhead``, a side whose pass shapes it has not measured recently is taken
+    ``overhead``, a side whose pass shapes it has never measured is taken
     :data:`READING_MARGIN` against the reading (:func:`_bounded_seconds`); without, the
     grid is taken as measured."""
     plain = [replace(d, floor=0, cap=0) if b in readings else d for b, d in enumerate(demands)]
@@ -530,7 +561,7 @@ def _bounded_seconds(demands: Sequence[RowDemand], costs: BatchCosts, g: int,
                      overhead: IterationOverhead | None, side: int) -> float:
     """Seconds per expected token of the batch at longest draft g (1 / :func:`batch_rate`),
     ``side`` · :data:`READING_MARGIN` more (side 1) or less (side −1) where ``overhead``
-    has not measured the iteration's pass shapes recently."""
+    has not measured the iteration's pass shapes (:meth:`IterationOverhead.measured`)."""
     seconds = 1.0 / batch_rate(demands, costs, g, overhead)
     if overhead is None or overhead.measured(*_shape(demands, [d.gamma(g) for d in demands])):
         return seconds

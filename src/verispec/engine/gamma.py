@@ -7,13 +7,14 @@ verifier stays lossless with it (the tests prove it by exact enumeration).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from verispec.checks import check_positive
 from verispec.engine.costs import Acceptance, Overhead, PassCosts
 
-__all__ = ["HISTORY_CAP", "Acceptance", "AcceptanceCounts", "AutoGamma", "FixedGamma",
-           "GammaPolicy", "PairHistory", "PassCosts", "best_gamma"]
+__all__ = ["FLAT_TOLERANCE", "HISTORY_CAP", "Acceptance", "AcceptanceCounts", "AutoGamma",
+           "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts", "best_gamma", "flat_best"]
 
 
 class GammaPolicy(Protocol):
@@ -76,6 +77,12 @@ HISTORY_MIN = 32
 HISTORY_CAP = 1024
 #: After this many iterations at γ = 0, draft one token to keep learning α.
 PROBE_EVERY = 16
+#: The shortest γ whose expected tokens per second is within this fraction of the best is
+#: chosen. With a cheap draft the model's rate is nearly flat over a wide range of γ (within
+#: 2% from γ 5 to 10 at a cost ratio of 4.6), and there the longest blocks are where it errs:
+#: their late positions are accepted less often than the rates of the earlier ones say, and
+#: each drafted position adds work to an iteration the pass costs leave out.
+FLAT_TOLERANCE = 0.01
 #: The draft reads a request's context at once when the time drafting is expected to save
 #: over this share of the token budget covers that reading.
 PAYBACK_SHARE = 0.5
@@ -151,11 +158,17 @@ class PairHistory(AcceptanceCounts):
 
 def best_gamma(acceptance: Acceptance, costs: PassCosts, max_gamma: int,
                overhead: Overhead | None = None) -> int:
-    """The γ in [0, max_gamma] that maximises expected tokens per second:
-    E[tokens](γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ)); ties go to the shorter
-    draft."""
-    rates = [acceptance.tokens(g) / costs.iteration(g, overhead) for g in range(max_gamma + 1)]
-    return max(range(max_gamma + 1), key=lambda g: (rates[g], -g))
+    """The shortest γ in [0, max_gamma] whose expected tokens per second,
+    E[tokens](γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ)), is within
+    :data:`FLAT_TOLERANCE` of the best."""
+    return flat_best([acceptance.tokens(g) / costs.iteration(g, overhead)
+                      for g in range(max_gamma + 1)])
+
+
+def flat_best(rates: Sequence[float]) -> int:
+    """The first index whose rate is within :data:`FLAT_TOLERANCE` of the largest."""
+    top = max(rates)
+    return next(g for g, rate in enumerate(rates) if rate >= (1.0 - FLAT_TOLERANCE) * top)
 
 
 class AutoGamma:
@@ -165,8 +178,9 @@ class AutoGamma:
     accepted draft token is a success and every rejection a failure, the first position of
     each block counted apart from the later ones, each rate with a prior of
     ``PRIOR_WEIGHT`` positions at ``PRIOR_ALPHA``, or at the pair's pooled acceptance over
-    earlier requests when a :class:`PairHistory` is given — and drafts the γ that maximises
-    expected tokens per second under that model with the measured costs (V(k) in the
+    earlier requests when a :class:`PairHistory` is given — and drafts the shortest γ within
+    :data:`FLAT_TOLERANCE` of the one that maximises expected tokens per second under that
+    model with the measured costs (V(k) in the
     denominator, plus the engine's own time per iteration when the engine passes what it has
     measured: plain decoding pays that time on every token, an iteration that drafts γ shares
     it among its accepted tokens). Where speculation does not pay it chooses γ = 0 (plain
