@@ -184,6 +184,14 @@ def _table_of(script: str, key: str | None = None) -> Renderer:
     return render
 
 
+def _kernels(path: Path) -> str:
+    """The int8 kernels' self-test as ``verispec models kernels --out`` recorded it."""
+    from verispec.models.native.kernels import report
+
+    record = _json(path)
+    return "\n".join([f"machine: {record['machine']}", *report(record)])
+
+
 def _script_kind(pattern: str, what: str, script: str, key: str | None = None) -> Kind:
     """Files a ``benchmarks/`` script wrote, printed again by its ``--table`` (its ``table``
     of the record, or of the record's ``key``)."""
@@ -211,6 +219,8 @@ KINDS: tuple[Kind, ...] = (
          _pearl),
     Kind("ray-overhead-*.jsonl", "Ray Serve router overhead",
          "python -m verispec.server.ray_overhead --table {}", _ray),
+    Kind("kernels-*.json", "the int8 kernels' self-test and choice",
+         "verispec models kernels --table {}", _kernels),
     _script_kind("step-costs-*.json", "step costs", "step_costs", "rows"),
     _script_kind("int4-kernels-*.json", "int4 kernels", "int4_kernels", "rows"),
     _script_kind("draft-format-timing-*.json", "draft format timing", "draft_format_timing",

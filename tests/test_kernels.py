@@ -147,6 +147,14 @@ def test_the_cli_reports_every_kernel_its_verdict_and_the_choice(
         assert re.search(rf"^\| {name} \| {kernel.bits} bits \| [^|]+ \| {verdict} \|$",
                          text, re.MULTILINE), kernel
     assert f"chosen: {kernels.choose()[0]} (" in text
+    record = tmp_path / "kernels.json"  # --out keeps it, --table prints it again
+    assert main(["models", "kernels", "--out", str(record)], out=io.StringIO(),
+                err=io.StringIO()) == 0
+    again = io.StringIO()
+    assert main(["models", "kernels", "--table", str(record)], out=again,
+                err=io.StringIO()) == 0
+    lines = again.getvalue().splitlines()
+    assert lines[0].startswith("machine: ") and "\n".join(lines[1:]) + "\n" == text
 
 
 def test_no_int8_on_other_architectures(monkeypatch: pytest.MonkeyPatch) -> None:

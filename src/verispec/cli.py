@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from verispec.methods import METHODS
@@ -82,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = msub.add_parser("fetch", help="download, verify and convert the embedded models")
     fetch.add_argument("--force", action="store_true", help="fetch again even if cached")
     msub.add_parser("list", help="list the embedded models and whether they are cached")
-    msub.add_parser("kernels", help="the int8 kernels' exactness self-test on this CPU and "
-                    "which kernel int8 models use")
+    kern = msub.add_parser("kernels", help="the int8 kernels' exactness self-test on this CPU "
+                           "and which kernel int8 models use")
+    kern.add_argument("--out", type=Path, default=None,
+                      help="also write the self-test and the machine to this JSON file")
+    kern.add_argument("--table", type=Path, default=None,
+                      help="print the self-test of a JSON file written by --out (runs nothing)")
     path = msub.add_parser("path", help="print where a fetched embedded model lives")
     path.add_argument("name", help="an embedded model name")
     path.add_argument("--format", dest="fmt", choices=["hf", "gguf"], default="hf",
@@ -274,14 +279,30 @@ def _cmd_models(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(f"{f.model_path(args.name, args.fmt)}\n")
         return 0
     if args.models_command == "kernels":
-        from verispec.models.native import kernels
-
-        out.write("\n".join(kernels.report()) + "\n")
-        return 0
+        return _kernels(args.out, args.table, out)
     for model in f.EMBEDDED_MODELS.values():
         path = f.cache_dir() / model.name
         state = "cached" if f.is_complete(path, model) else "not fetched"
         out.write(f"{model.role:6}  {model.name:32}  {state:11}  {model.description}\n")
+    return 0
+
+
+def _kernels(into: Path | None, table: Path | None, out: TextIO) -> int:
+    """``verispec models kernels``: this CPU's self-test (also written to ``into``), or the
+    one a file recorded (``table``)."""
+    from verispec.models.native import kernels
+
+    if table is not None:
+        data = json.loads(table.read_text(encoding="utf-8"))
+        out.write(f"machine: {data['machine']}\n" + "\n".join(kernels.report(data)) + "\n")
+        return 0
+    data = kernels.record()
+    if into is not None:
+        from verispec.bench.measure import machine_description
+
+        into.write_text(json.dumps({"machine": machine_description(), **data}, indent=1) + "\n",
+                        encoding="utf-8")
+    out.write("\n".join(kernels.report(data)) + "\n")
     return 0
 
 

@@ -63,7 +63,7 @@ from verispec.telemetry.machine import cpu_info
 
 __all__ = ["ALL_ROWS", "KERNELS", "KERNEL_ENV", "NO_ROWS", "Int8Kernel", "choose",
            "exactness_error", "matmul", "median_seconds", "pack", "pack_all", "parse", "proven",
-           "recorded", "report", "signature", "varying_pass_sizes"]
+           "record", "recorded", "report", "signature", "varying_pass_sizes"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
 #: what oneDNN and fbgemm read to cap the instruction set they dispatch to
@@ -416,19 +416,31 @@ def choose() -> tuple[Int8Kernel | None, str]:
     return kernel, f"{kernel}; {why}; {timing}"
 
 
-def report() -> list[str]:
-    """What :func:`choose` sees on this CPU, as text lines: the ISA caps in the environment,
-    every kernel of this CPU's table with its max relative error on the adversarial product
-    (exact, or refused), and the choice with its reason (``verispec models kernels``)."""
-    caps = ", ".join(f"{e}={os.environ[e]}" for e in ISA_ENV if os.environ.get(e)) or "none"
+def record() -> dict[str, Any]:
+    """What :func:`choose` sees on this CPU, as data (``verispec models kernels --out``): the
+    ISA caps in the environment, every kernel of this CPU's table with its max relative error
+    on the adversarial product (None where it could not run, with the reason as its verdict)
+    and its verdict (exact, or refused), and the choice with its reason."""
+    kernels = []
+    for kernel, error in _self_test().items():
+        failed = isinstance(error, str)
+        verdict = error if failed else "exact" if kernel in proven() else "refused"
+        kernels.append({"kernel": kernel.name, "bits": kernel.bits,
+                        "error": None if failed else error, "verdict": verdict})
+    kernel, why = choose()
+    return {"caps": {e: os.environ[e] for e in ISA_ENV if os.environ.get(e)},
+            "kernels": kernels, "chosen": None if kernel is None else str(kernel), "why": why}
+
+
+def report(data: dict[str, Any] | None = None) -> list[str]:
+    """A :func:`record` (this CPU's when None) as text lines: the caps, a table of the
+    kernels and their verdicts, and the choice (``verispec models kernels``)."""
+    data = record() if data is None else data
+    caps = ", ".join(f"{e}={v}" for e, v in data["caps"].items()) or "none"
     lines = [f"ISA caps: {caps}", "| kernel | codes | max relative error | here |",
              "|---|---|---|---|"]
-    for kernel, error in _self_test().items():
-        if isinstance(error, str):
-            shown, verdict = "–", error
-        else:
-            shown, verdict = f"{error:.2g}", "exact" if kernel in proven() else "refused"
-        lines.append(f"| {kernel.name} | {kernel.bits} bits | {shown} | {verdict} |")
-    kernel, why = choose()
-    lines.append(f"chosen: {kernel or 'none'} ({why})")
+    for row in data["kernels"]:
+        shown = "–" if row["error"] is None else f"{row['error']:.2g}"
+        lines.append(f"| {row['kernel']} | {row['bits']} bits | {shown} | {row['verdict']} |")
+    lines.append(f"chosen: {data['chosen'] or 'none'} ({data['why']})")
     return lines
