@@ -158,6 +158,18 @@ def test_files_with_renderers_before(tables: ModuleType) -> None:
     assert "| 8 | 126.4 | 162.2 | 223.4 | 379.8 |  | 34.2 | 62.7 | 1.83 |" in costs
     ray = _render(tables, "ray-overhead-epyc-zen4.jsonl")
     assert "| 3.52, 3.32, 2.73 | 5.92, 5.03, 3.92 | 5.21, 5.02, 4.04 |" in ray
+    kernels = _render(tables, "kernels-epyc-zen5.json")
+    assert "| fbgemm | 8 bits | 0 | exact |" in kernels
+    assert "chosen: fbgemm+onednn/8 (" in kernels and "family 26, model 2" in kernels
+    capped = _render(tables, "kernels-epyc-zen5-emulated-avx2.json")
+    assert "| fbgemm | 8 bits | 0.99 | refused |" in capped
+    assert "chosen: fbgemm+onednn/7 (" in capped
+    batch = _render(tables, "batch-gamma-b4-epyc-zen5.json")
+    assert "geometric mean 0.994 (rounds: 1.007, 0.998, 0.978)" in batch
+    batch = _render(tables, "batch-gamma-b1-epyc-zen5.json")
+    assert "geometric mean 0.954 (rounds: 0.971, 0.953, 0.939)" in batch
+    steps = _render(tables, "step-costs-epyc-zen5.json")
+    assert "| 44.4 | 47.9 | 49.3 | 62.4 | 1.40 |" in steps
 
 
 def test_results_files_render_the_tables_of_their_committed_reports(
