@@ -27,6 +27,7 @@ from starlette.background import BackgroundTask
 
 from verispec.api import pair_costs
 from verispec.models.base import CausalLM
+from verispec.models.threads import release_worker_threads
 from verispec.server.config import ServerConfig
 from verispec.server.errors import APIError, error_response, install_handlers
 from verispec.server.metrics import CONTENT_TYPE_LATEST
@@ -62,9 +63,14 @@ def costs_wanted(state: ServerState) -> bool:
 
 def time_pair_costs(state: ServerState) -> None:
     """Time the pair's passes up to ``max_batch`` rows when :func:`costs_wanted`: once per
-    machine, pair and grid (kept on disk), which can take minutes on a small CPU."""
-    if costs_wanted(state):
-        pair_costs(state.target, state.draft, state.config.max_batch)  # type: ignore[arg-type]
+    machine, pair and grid (kept on disk), which can take minutes on a small CPU. The
+    calling thread then hands back its torch worker threads: from now on only the scheduler
+    thread runs the models (:func:`~verispec.models.threads.release_worker_threads`)."""
+    try:
+        if costs_wanted(state):
+            pair_costs(state.target, state.draft, state.config.max_batch)  # type: ignore[arg-type]
+    finally:
+        release_worker_threads()
 
 
 def create_app(target: CausalLM, draft: CausalLM | None = None,

@@ -16,6 +16,7 @@ from importlib import import_module
 from typing import Any
 
 from verispec.models.base import CausalLM
+from verispec.models.threads import release_worker_threads
 
 __all__ = ["ModelSpec", "ReplicaOptions", "load_factory"]
 
@@ -74,16 +75,21 @@ class ModelSpec:
                    draft_precision=args.draft_precision)
 
     def load(self, progress: Any = None) -> tuple[CausalLM, CausalLM | None]:
-        """Build the pair (in the calling process)."""
-        if self.factory is not None:
-            return self._from_factory()
-        from verispec.api import load_pair
+        """Build the pair (in the calling process). The calling thread then hands back its
+        torch worker threads: the server's scheduler thread runs the models
+        (:func:`~verispec.models.threads.release_worker_threads`)."""
+        try:
+            if self.factory is not None:
+                return self._from_factory()
+            from verispec.api import load_pair
 
-        assert self.target is not None
-        pair = load_pair(self.target, self.draft, needs_draft=self.draft is not None,
-                         precision=self.precision, target_precision=self.target_precision,
-                         draft_precision=self.draft_precision, progress=progress)
-        return pair.target, pair.draft
+            assert self.target is not None
+            pair = load_pair(self.target, self.draft, needs_draft=self.draft is not None,
+                             precision=self.precision, target_precision=self.target_precision,
+                             draft_precision=self.draft_precision, progress=progress)
+            return pair.target, pair.draft
+        finally:
+            release_worker_threads()
 
     def _from_factory(self) -> tuple[CausalLM, CausalLM | None]:
         assert self.factory is not None

@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from verispec.models.base import CausalLM
+from verispec.models.threads import release_worker_threads
 from verispec.server.app import ServerState, costs_wanted, create_app, time_pair_costs
 from verispec.server.config import ServerConfig
 
@@ -140,6 +141,7 @@ def serve(target: CausalLM, draft: CausalLM | None, config: ServerConfig, *,
             print(f"verispec serve: timing the pair's passes up to {config.max_batch} rows for "
                   "gamma auto (kept on disk after the first time)", file=err, flush=True)
             time_pair_costs(handle.state)
+        release_worker_threads()  # the models were loaded here; the scheduler thread runs them
         handle.start()
         print(f"verispec serve: {handle.state.model_id} ({config.method}) on {handle.url} "
               f"(max batch {config.max_batch}, queue {config.max_queue})", file=out, flush=True)

@@ -6,6 +6,10 @@ The event loop never touches the engine. It hands a :class:`Job` over with
 :class:`Delta` (text released), then one :class:`Final` (finish reason, statistics) or one
 :class:`Failure`. Between two engine iterations the thread takes every command waiting
 (submit, cancel, drain, stop); with nothing to decode it blocks on the queue (no spinning).
+While serving it is the one thread that runs the models: the threads that loaded and timed
+them hand their torch worker threads back first
+(:func:`~verispec.models.threads.release_worker_threads`), or every parallel kernel of this
+thread would wait for sleeping workers.
 
 Admission: at most ``max_batch + max_queue`` requests are in the server at once (the ones
 beyond ``max_batch`` wait for a row); one more is refused at once with 429 and
