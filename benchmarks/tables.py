@@ -239,6 +239,8 @@ KINDS: tuple[Kind, ...] = (
                  "engine_guard"),
     _script_kind("retime-*.json", "a stale library split re-timed while running",
                  "retime_stale_split"),
+    _script_kind("thread-pools-*.json", "torch's kernels on a thread whose OpenMP team came "
+                 "second", "thread_pools"),
 )
 
 

@@ -139,6 +139,34 @@ def test_serve_report_cli_reads_the_old_rows(tmp_path: Path) -> None:
     assert len(merged["cells"]) == 12 and merged["peer_comparisons"] == []
 
 
+def test_zen5_server_reports_and_the_peer_ratios(tables: ModuleType, tmp_path: Path) -> None:
+    from verispec.bench import serve_report
+
+    auto = _render(tables, "serve-gamma-auto-epyc-zen5.json")
+    for line in ("| 0 | 1 | block γ=auto | block γ=8 | 0.959× [0.906, 1.015] | 0.583× [0.442,",
+                 "| 1 | 1 | block γ=auto | block γ=8 | 1.071× [0.943, 1.215] | 0.701× [0.654,",
+                 "| 1 | 16 | block γ=auto | ar | 0.997× [0.983, 1.012] |",
+                 "| 0 | 1 | ar | 3 | 0 | 19.91 | 407.6 | 44.0 | 1.00 | 0.00 |"):
+        assert line in auto
+    before = _render(tables, "serve-gamma-auto-epyc-zen5-91a6dba.json")
+    assert "| 0 | 1 | ar | 3 | 0 | 13.48 | 498.3 | 65.4 | 1.00 | 0.00 |" in before
+    assert "| 0 | 8 | vllm-plain | 1 | 0 | 60.93 |" in _render(
+        tables, "serve-vllm-bfloat16-probe-epyc-zen5.json")
+    assert "| 0 | 8 | vllm-plain | 1 | 0 | 35.19 |" in _render(
+        tables, "serve-vllm-float32-probe-epyc-zen5.json")
+    out = tmp_path / "merged.json"
+    peers = [str(REPORTS / f"serve-vllm-{side}-epyc-zen5.json") for side in ("plain", "spec")]
+    assert serve_report.main([str(out), str(REPORTS / "serve-gamma-auto-epyc-zen5.json"),
+                              *peers]) == 0
+    ratios = {(c["temperature"], c["concurrency"]): round(c["throughput"]["ratio"], 3)
+              for c in json.loads(out.read_text())["peer_comparisons"]}
+    assert ratios == {(0.0, 1): 1.662, (0.0, 2): 1.404, (0.0, 4): 1.051, (0.0, 8): 0.947,
+                      (0.0, 16): 1.027, (1.0, 1): 2.004, (1.0, 2): 1.337, (1.0, 4): 1.065,
+                      (1.0, 8): 0.984, (1.0, 16): 1.01}
+    pools = _render(tables, "thread-pools-epyc-zen5.json")
+    assert "| ar ms per token | 36.4 | 65.6 | 37.4 |" in pools
+
+
 def test_files_with_renderers_before(tables: ModuleType) -> None:
     steps = _render(tables, "step-costs-xeon-vnni.json")
     assert "| native int8 | 77.7 | 87.8 | 95.2 | 119.9 | 1.54 |" in steps
