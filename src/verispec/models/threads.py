@@ -42,7 +42,7 @@ def _openmp() -> Any | None:
     for path in [*candidates, None]:
         try:
             lib = ctypes.CDLL(path)
-        except OSError:
+        except (OSError, TypeError):  # TypeError: no global namespace to open (Windows)
             continue
         if hasattr(lib, "omp_pause_resource_all"):
             lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
