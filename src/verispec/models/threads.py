@@ -6,9 +6,9 @@ for every thread that has started a parallel region, for as long as that thread 
 the workers of all teams together outnumber the cores, libgomp stops letting them spin
 between regions: every parallel operation of the second team then waits for sleeping workers
 to wake. A server that loads its models on one thread and decodes on another (the scheduler
-thread) is exactly that case: on a 2-core AMD EPYC a one-token step of the int8 target took
-63 ms on the scheduler thread against 45 ms on the loading thread, every parallel kernel
-2–5× slower (``benchmarks/thread_pools.py`` measures it).
+thread) is exactly that case: on a 2-core AMD EPYC Zen 5 plain decoding with the int8
+target took 65.6 ms per token on a second thread against 36.4 ms on the loading thread, its
+parallel kernels 3–10× slower (``benchmarks/thread_pools.py``).
 
 :func:`release_worker_threads` ends the calling thread's team (OpenMP 5's
 ``omp_pause_resource_all``): a thread calls it when it is done with torch for now, and its
