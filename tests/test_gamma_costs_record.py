@@ -1,5 +1,6 @@
 """γ auto's pass costs are timed once per key (models, machine, grid) and read back from
-disk; models with no source on disk are never recorded.
+disk while a fresh timing of the two one-row steps agrees with the record's c; models with
+no source on disk are never recorded.
 """
 
 from __future__ import annotations
@@ -8,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from verispec.engine.costs import BATCH_MAX_K, PROBE_SIZES, measure_costs, timing_file
+from verispec.engine import costs
+from verispec.engine.costs import (
+    BATCH_MAX_K,
+    PROBE_SIZES,
+    RECORD_CHECK_TOLERANCE,
+    measure_costs,
+    timing_file,
+)
 from verispec.models import timing
 from verispec.models.toy import RandomContextLM
 
@@ -34,6 +42,7 @@ def test_pass_costs_are_timed_once_per_key(tmp_path: Path, monkeypatch: pytest.M
         return real(*args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(timing, "grid_costs", counted)
+    monkeypatch.setattr(costs, "record_agrees", lambda *args, **kw: True)  # next test
     target, draft = _named(RandomContextLM(3, seed=1), "target-a"), \
         _named(RandomContextLM(3, seed=2), "draft-a")
     first = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
@@ -56,3 +65,40 @@ def test_pass_costs_are_timed_once_per_key(tmp_path: Path, monkeypatch: pytest.M
     measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
     measure_costs(*in_memory, context=8, reps=1, rows=(1, 2))
     assert len(calls) == 6 and set((tmp_path / "timing").glob("*.json")) == records
+
+
+def test_a_record_that_prices_the_draft_otherwise_than_now_is_timed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record timed while the draft ran slow (a busy minute) is replaced at the next
+    read whose fresh one-row steps give a c more than RECORD_CHECK_TOLERANCE away from
+    the record's; a record that agrees is kept, untimed."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    step = {"target-c": 0.040, "draft-c": 0.010}  # seconds of a one-row one-token pass
+    calls: list[list[tuple[int, int]]] = []
+
+    def fake_grid(models: list, context: int, reps: int, **kw: object) -> list[dict]:
+        calls.append([shape for _, shapes in models for shape in shapes])
+        return [{(r, k): step[m.name] * (r + 0.1 * (k - 1)) for r, k in shapes}
+                for m, shapes in models]
+
+    monkeypatch.setattr(timing, "grid_costs", fake_grid)
+    monkeypatch.setattr(timing, "prefill_cost", lambda *args, **kw: 0.001)
+    target, draft = _named(RandomContextLM(3, seed=1), "target-c"), \
+        _named(RandomContextLM(3, seed=2), "draft-c")
+
+    def c() -> float:
+        got = measure_costs(target, draft, context=8, reps=1, rows=(1, 2))
+        return got.target[1] / got.draft
+
+    assert c() == pytest.approx(4.0) and len(calls) == 1  # timed and recorded
+    assert c() == pytest.approx(4.0) and calls[-1] == [(1, 1), (1, 1)]  # checked, kept
+    assert len(calls) == 2
+    step["draft-c"] = 0.010 * (RECORD_CHECK_TOLERANCE + 1)  # a disturbed timing, recorded
+    measure_costs(target, draft, context=8, reps=1, rows=(1, 2), refresh=True)
+    assert len(calls) == 3
+    step["draft-c"] = 0.010  # the draft runs at its speed again
+    assert c() == pytest.approx(4.0)  # checked, disagreed, timed again
+    assert len(calls) == 5 and len(calls[-1]) > 2
+    assert c() == pytest.approx(4.0) and len(calls) == 6  # the new record agrees
+    step["draft-c"] = 0.010 * (RECORD_CHECK_TOLERANCE - 0.1)  # within the tolerance: kept
+    assert c() == pytest.approx(4.0) and len(calls) == 7

@@ -47,6 +47,7 @@ __all__ = [
     "load_or_measure",
     "machine_signature",
     "measure_costs",
+    "record_agrees",
     "timing_file",
 ]
 
@@ -392,9 +393,11 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
     recorded = all(getattr(m, "source", None) for m in (target, draft))
     if recorded and not refresh:
         try:
-            return BatchCosts.from_json(json.loads(file.read_text())["costs"]).monotone()
+            kept = BatchCosts.from_json(json.loads(file.read_text())["costs"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            kept = None
+        if kept is not None and record_agrees(kept, target, draft, context=context):
+            return kept.monotone()
     from verispec.models.fetch import save_record
     from verispec.models.timing import grid_costs, prefill_cost
 
@@ -411,6 +414,32 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
         return costs.monotone()
     save_record(file, record)
     return costs.monotone()  # the record keeps the times as measured
+
+
+#: A recorded grid is kept while its c (the one-row target step over the draft step)
+#: lies within this factor, either way, of a fresh timing of those two passes.
+RECORD_CHECK_TOLERANCE = 1.5
+#: Repetitions of that fresh timing (interleaved, medians).
+RECORD_CHECK_REPS = 3
+
+
+def record_agrees(kept: BatchCosts, target: CausalLM, draft: CausalLM, *, context: int,
+                  reps: int = RECORD_CHECK_REPS) -> bool:
+    """Whether a recorded grid still prices drafting as this machine runs it: a grid timed
+    while something else loaded the CPU (a package install, another benchmark) can price
+    the draft several times dearer than it is, and γ auto, which then never drafts, would
+    never measure the draft to correct it. One-row steps of both models are timed afresh
+    (:data:`RECORD_CHECK_REPS` interleaved repetitions, a few hundred milliseconds); the
+    record is kept when the two c agree within :data:`RECORD_CHECK_TOLERANCE`."""
+    from verispec.models.timing import grid_costs
+
+    if (1, 1) not in kept.target or 1 not in kept.draft:
+        return False
+    now_target, now_draft = grid_costs([(target, [(1, 1)]), (draft, [(1, 1)])],
+                                       context=context, reps=reps)
+    c_now = now_target[(1, 1)] / now_draft[(1, 1)]
+    c_kept = kept.target[(1, 1)] / kept.draft[1]
+    return 1 / RECORD_CHECK_TOLERANCE <= c_now / c_kept <= RECORD_CHECK_TOLERANCE
 
 
 #: Repetitions of the start-up timing (interleaved, medians): enough that one slow phase
