@@ -429,8 +429,9 @@ def record_agrees(kept: BatchCosts, target: CausalLM, draft: CausalLM, *, contex
     while something else loaded the CPU (a package install, another benchmark) can price
     the draft several times dearer than it is, and γ auto, which then never drafts, would
     never measure the draft to correct it. One-row steps of both models are timed afresh
-    (:data:`RECORD_CHECK_REPS` interleaved repetitions, a few hundred milliseconds); the
-    record is kept when the two c agree within :data:`RECORD_CHECK_TOLERANCE`."""
+    (:data:`RECORD_CHECK_REPS` interleaved repetitions after each reads ``context`` tokens;
+    0.7–1.0 s for the embedded pair on a 2-core AMD EPYC Zen 5); the record is kept when
+    the two c agree within :data:`RECORD_CHECK_TOLERANCE`."""
     from verispec.models.timing import grid_costs
 
     if (1, 1) not in kept.target or 1 not in kept.draft:
