@@ -425,7 +425,7 @@ RECORD_CHECK_REPS = 3
 
 def record_agrees(kept: BatchCosts, target: CausalLM, draft: CausalLM, *, context: int,
                   reps: int = RECORD_CHECK_REPS) -> bool:
-    """Whether a recorded grid still prices drafting as this machine runs it: a grid timed
+    """Whether a recorded grid still prices drafting as the machine runs it now: a grid timed
     while something else loaded the CPU (a package install, another benchmark) can price
     the draft several times dearer than it is, and γ auto, which then never drafts, would
     never measure the draft to correct it. One-row steps of both models are timed afresh
