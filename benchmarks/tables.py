@@ -239,6 +239,8 @@ KINDS: tuple[Kind, ...] = (
                  "engine_guard"),
     _script_kind("retime-*.json", "a stale library split re-timed while running",
                  "retime_stale_split"),
+    _script_kind("int8-codes-*.json", "int8 passes with the activation codes of the fused "
+                 "kernel and of torch operators", "int8_codes"),
     _script_kind("thread-pools-*.json", "torch's kernels on a thread whose OpenMP team came "
                  "second", "thread_pools"),
 )

@@ -170,6 +170,7 @@ def _per_tensor(model: NativeCausalLM) -> NativeCausalLM:
         for name in ("qkv", "o", "gate_up", "down"):
             lin = copy.copy(getattr(block, name))
             lin.__class__ = _PerTensorInt8
+            lin._fused = False  # the override is a change of the torch operators' path
             setattr(block, name, lin)
     return clone
 

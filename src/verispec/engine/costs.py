@@ -329,7 +329,8 @@ class BatchCosts:
 
 def machine_signature(device: torch.device, int8: bool = False) -> str:
     """What pass times depend on besides the models: torch, the CPU (model, cores, threads
-    in use), the accelerator, and for int8 weights the kernel signature."""
+    in use), the accelerator, and for int8 weights the kernel signature and what makes
+    the activation codes."""
     from verispec.telemetry.machine import cpu_info
 
     parts = [torch.__version__, platform.machine(), cpu_info().model_name,
@@ -338,9 +339,10 @@ def machine_signature(device: torch.device, int8: bool = False) -> str:
         parts.append(torch.cuda.get_device_name(device))
     if int8:
         try:
+            from verispec.models.native import codes_kernel
             from verispec.models.native.kernels import signature
 
-            parts.append(signature())
+            parts += [signature(), codes_kernel.status()]
         except (ImportError, RuntimeError, OSError):
             parts.append("no-kernel-signature")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

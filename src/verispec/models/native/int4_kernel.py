@@ -23,16 +23,16 @@ AVX2 path on a CPU with AVX-512 VNNI too.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from verispec.models.native import cbuild
 
 __all__ = ["GROUP", "ISAS", "LANES", "MAX_ROWS", "available", "isa", "matmul", "pack", "status"]
 
@@ -42,32 +42,6 @@ LANES = 16  # weight rows interleaved per block (VS_LANES)
 MAX_ROWS = 8  # the most rows of x one call takes (VS_MAX_ROWS); longer passes run torch's
 ISAS = {1: "avx2", 2: "avx512-vnni"}  # the C source's VS_ISA_* codes
 FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall")
-BUILD_SECONDS = 120
-
-
-def _torch_lib() -> Path:
-    return Path(torch.__file__).parent / "lib"
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(cc: str, out: Path) -> None:
-    """Compile the source into ``out`` (atomically), linked to torch's own libgomp."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    obj, tmp = out.with_suffix(f".{os.getpid()}.o"), out.with_suffix(f".{os.getpid()}.tmp")
-    lib = _torch_lib()
-    try:
-        subprocess.run([cc, *FLAGS, "-c", str(SOURCE), "-o", str(obj)], check=True,
-                       capture_output=True, text=True, timeout=BUILD_SECONDS)
-        subprocess.run([cc, "-shared", str(obj), "-o", str(tmp), f"-L{lib}", "-l:libgomp.so.1",
-                        f"-Wl,-rpath,{lib}"], check=True, capture_output=True, text=True,
-                       timeout=BUILD_SECONDS)
-        tmp.replace(out)
-    finally:
-        obj.unlink(missing_ok=True)
-        tmp.unlink(missing_ok=True)
 
 
 @cache
@@ -77,22 +51,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, "torch's int4 kernel (VERISPEC_INT4_KERNEL=torch)"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"torch's int4 kernel (verispec's is for x86-64, not {platform.machine()})"
-    if not (_torch_lib() / "libgomp.so.1").exists():
-        return None, "torch's int4 kernel (this torch build has no libgomp to share)"
-    cc = _compiler()
-    if cc is None:
-        return None, "torch's int4 kernel (no C compiler to build verispec's: set CC)"
-    from verispec.models.fetch import cache_dir
-
+    why = cbuild.unbuildable()
+    if why is not None:
+        return None, f"torch's int4 kernel ({why})"
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout
-        key = hashlib.sha256("|".join([SOURCE.read_text(), torch.__version__, version,
-                                       " ".join(FLAGS)]).encode()).hexdigest()[:16]
-        out = cache_dir() / "kernels" / f"int4-gemv-{key}.so"
-        if not out.exists():
-            _build(cc, out)
-        lib = ctypes.CDLL(str(out))
+        lib = cbuild.build(SOURCE, "int4-gemv", FLAGS)
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         return None, f"torch's int4 kernel (verispec's did not build: {detail.strip()[:300]})"

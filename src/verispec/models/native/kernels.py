@@ -62,8 +62,8 @@ import verispec.models.native.onednn as onednn
 from verispec.telemetry.machine import cpu_info
 
 __all__ = ["ALL_ROWS", "KERNELS", "KERNEL_ENV", "NO_ROWS", "Int8Kernel", "choose",
-           "exactness_error", "matmul", "median_seconds", "pack", "pack_all", "parse", "proven",
-           "record", "recorded", "report", "signature", "varying_pass_sizes"]
+           "exactness_error", "library_of", "matmul", "median_seconds", "pack", "pack_all", "parse",
+           "product", "proven", "record", "recorded", "report", "signature", "varying_pass_sizes"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
 #: what oneDNN and fbgemm read to cap the instruction set they dispatch to
@@ -185,17 +185,34 @@ def matmul(kernel: Int8Kernel, packed: dict[str, object], u: Tensor, a: Tensor,
     library returns float32 of the exact integer product (unit scales), and the scales are
     applied here: the libraries agree bit for bit (with AMX, oneDNN's own scaling rounded
     differently on its AMX and AVX-512 VNNI paths, so rows saw each other)."""
-    wide = kernel.wide is not None and u.shape[0] >= wide_from
-    library = kernel.wide if wide else kernel.library
+    library = library_of(kernel, u.shape[0], wide_from)
     codes = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale)  # [M, K], code + fraction
+    if library == "onednn":
+        codes = codes.to(torch.uint8)
+    else:  # fbgemm quantizes its float input itself: give it integers (code − x_zero)
+        codes = codes.trunc_().sub_(kernel.x_zero)
+    return product(kernel, packed, codes, out_scale, library)
+
+
+def library_of(kernel: Int8Kernel, rows: int, wide_from: int = NO_ROWS) -> str:
+    """The library that runs a pass of ``rows`` rows: a mixed kernel's second one from
+    ``wide_from`` rows on."""
+    return kernel.wide if kernel.wide is not None and rows >= wide_from else kernel.library
+
+
+def product(kernel: Int8Kernel, packed: dict[str, object], codes: Tensor, out_scale: Tensor,
+            library: str) -> Tensor:
+    """[M, N]: the integer product of ``codes`` [M, K] with the weights, times ``out_scale``
+    [N]. The codes as ``library`` takes them: uint8 for oneDNN, float32 code − x_zero for
+    fbgemm (which quantizes its float input itself, exactly for integers)."""
     n = out_scale.numel()
     if library == "onednn":
         acc = torch.ops.onednn.qlinear_pointwise(
-            codes.to(torch.uint8), 1.0, kernel.x_zero, packed["onednn"], _unit(n), _zeros(n),
+            codes, 1.0, kernel.x_zero, packed["onednn"], _unit(n), _zeros(n),
             None, 1.0, 0, torch.float32, "none", [], "")  # [M, N]
-    else:  # fbgemm quantizes its float input itself: give it integers (code − x_zero)
+    else:
         acc = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            codes.trunc_().sub_(kernel.x_zero), 1.0, kernel.x_zero, packed["fbgemm"])
+            codes, 1.0, kernel.x_zero, packed["fbgemm"])
     return acc.mul_(out_scale)
 
 

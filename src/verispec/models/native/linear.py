@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import verispec.models.native.codes_kernel as codes_kernel
 import verispec.models.native.kernels as kernels
 import verispec.models.native.onednn as onednn
 import verispec.models.native.int4_kernel as int4_kernel
@@ -139,6 +140,9 @@ class Int8Linear:
         # the int8 weight itself (fbgemm or a mixed kernel), for saving
         self._half = torch.tensor(kernel.x_zero + 0.5)  # rounding offset: trunc(v + z + .5)
         self._eps = torch.tensor(eps)
+        # the codes made by verispec's fused kernel (decided once: it is built here and
+        # takes this layer's rotation), else by torch operators
+        self._fused = not split and codes_kernel.takes(rot, rot_b)
 
     @classmethod
     def from_int8(cls, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
@@ -194,6 +198,21 @@ class Int8Linear:
         Without a norm: u = x, a = max|u| per row, y = Wq (u / a), s = a.
         With a norm: rmsnorm(x) = r x ⊙ c with r = 1 / sqrt(mean(x²) + eps) one number per
         row, so u = x ⊙ c is quantized (r cancels in u / a) and s = a·r.
+        The codes come from verispec's fused kernel where it runs
+        (:mod:`~verispec.models.native.codes_kernel`), else from :meth:`scaled_reference`.
+        """
+        if not self._fused or x.device.type != "cpu" or x.dtype != torch.float32:
+            return self.scaled_reference(x)
+        library = kernels.library_of(self.kernel, x.shape[0], self.wide_from)
+        codes, s = codes_kernel.codes(x, self._factors, self.rot, self.rot_b,
+                                      self.kernel.x_scale, self.kernel.x_zero,
+                                      norm_eps=None if self.norm is None else self.eps,
+                                      as_float=library != "onednn")  # [M, K], [M, 1]
+        return kernels.product(self.kernel, self.packed, codes, self._out_scale, library), s
+
+    def scaled_reference(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`_scaled` in torch operators: the path of other devices, of ``split``
+        layers, and where the fused kernel does not run.
         An all-zero row has a = 0: u / a is NaN, quantized to some finite code, and y·s = 0.
         """
         u = x if self._factors is None else x * self._factors  # [M, K]

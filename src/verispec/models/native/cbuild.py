@@ -1,0 +1,74 @@
+"""Building verispec's C kernels (``csrc/``): each source is compiled once per machine (about
+a second) into verispec's cache directory, under a name that hashes the source, the flags,
+the compiler and torch's version, and linked against the OpenMP runtime torch itself loads,
+so its threads are torch's."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["BUILD_SECONDS", "build", "compiler", "unbuildable"]
+
+BUILD_SECONDS = 120
+
+
+def _torch_lib() -> Path:
+    return Path(torch.__file__).parent / "lib"
+
+
+def compiler() -> str | None:
+    """``$CC``, else ``cc`` or ``gcc`` on the path (None: none)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def unbuildable() -> str | None:
+    """Why no kernel can be built here (None: one can be tried)."""
+    if not (_torch_lib() / "libgomp.so.1").exists():
+        return "this torch build has no libgomp to share"
+    if compiler() is None:
+        return "no C compiler to build verispec's: set CC"
+    return None
+
+
+def _compile(cc: str, source: Path, flags: Sequence[str], out: Path) -> None:
+    """Compile ``source`` into ``out`` (atomically), linked to torch's own libgomp."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    obj, tmp = out.with_suffix(f".{os.getpid()}.o"), out.with_suffix(f".{os.getpid()}.tmp")
+    lib = _torch_lib()
+    try:
+        subprocess.run([cc, *flags, "-c", str(source), "-o", str(obj)], check=True,
+                       capture_output=True, text=True, timeout=BUILD_SECONDS)
+        subprocess.run([cc, "-shared", str(obj), "-o", str(tmp), f"-L{lib}", "-l:libgomp.so.1",
+                        f"-Wl,-rpath,{lib}"], check=True, capture_output=True, text=True,
+                       timeout=BUILD_SECONDS)
+        tmp.replace(out)
+    finally:
+        obj.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def build(source: Path, stem: str, flags: Sequence[str]) -> ctypes.CDLL:
+    """The compiled ``source``, built now if its cached copy is missing. Raises OSError or
+    subprocess.SubprocessError where it cannot be built or loaded (see :func:`unbuildable`
+    for the reasons known beforehand)."""
+    cc = compiler()
+    if cc is None:
+        raise OSError("no C compiler")
+    from verispec.models.fetch import cache_dir
+
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    key = hashlib.sha256("|".join([source.read_text(), torch.__version__, version,
+                                   " ".join(flags)]).encode()).hexdigest()[:16]
+    out = cache_dir() / "kernels" / f"{stem}-{key}.so"
+    if not out.exists():
+        _compile(cc, source, flags, out)
+    return ctypes.CDLL(str(out))
