@@ -28,19 +28,13 @@ from verispec.bench.suites import load_suite
 from verispec.models.base import CausalLM
 from verispec.models.native import codes_kernel
 from verispec.models.native.linear import Int8Linear
+from verispec.models.native.weights import int8_layers
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 PATHS = ("torch operators", "fused kernel")
 #: (rows, tokens per row) of the decoding passes; "prompt" reads the first prompt
 PASSES: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (8, 1), (1, 9), (8, 5))
 WARMUP = 3
-
-
-def int8_layers(target: CausalLM) -> list[Int8Linear]:
-    net = target.net  # type: ignore[attr-defined]
-    layers = [lin for b in net.blocks for lin in (b.qkv, b.o, b.gate_up, b.down)]
-    head = getattr(net.head, "linear", net.head)
-    return [x for x in [*layers, head] if isinstance(x, Int8Linear)]
 
 
 def _use(layers: list[Int8Linear], fused: bool) -> None:
@@ -67,7 +61,7 @@ def _read(target: CausalLM) -> tuple[Callable[[], None], int]:
 
 def measure(rounds: int) -> dict[str, Any]:
     target = load_pair(TARGET, None, needs_draft=False).target
-    layers = int8_layers(target)
+    layers = int8_layers(target.net)  # type: ignore[attr-defined]
     if not codes_kernel.available() or not all(x._fused for x in layers):
         raise SystemExit(f"the fused kernel does not run every layer here: "
                          f"{codes_kernel.status()}")

@@ -146,6 +146,20 @@ def test_a_row_of_zeros_gets_the_zero_point_and_a_zero_output() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("norm", [False, True])
+def test_a_row_with_a_nan_or_an_infinity_gives_a_nan_output(norm: bool) -> None:
+    """Never a finite output made from such a row (its codes are not defined); the other
+    rows are untouched."""
+    layer = _layer(1024, None if norm else (64, True), norm=norm, factors=False)
+    x = _inputs(4, 1024)
+    clean = layer(x)
+    x[1, 7], x[2, 300] = float("nan"), float("inf")
+    out = layer(x)
+    assert out[1].isnan().all() and out[2].isnan().all()
+    assert torch.equal(out[0], clean[0]) and torch.equal(out[3], clean[3])
+
+
+@needs_kernel
 def test_rotations_it_cannot_take_run_the_torch_path_and_bad_ones_are_refused() -> None:
     assert not codes_kernel.takes(torch.eye(2), torch.eye(128))  # q above MAX_Q
     assert not codes_kernel.takes(torch.eye(4097), None)  # a block above MAX_BLOCK

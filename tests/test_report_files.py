@@ -139,9 +139,19 @@ def test_serve_report_cli_reads_the_old_rows(tmp_path: Path) -> None:
     assert len(merged["cells"]) == 12 and merged["peer_comparisons"] == []
 
 
-def test_zen5_server_reports_and_the_peer_ratios(tables: ModuleType, tmp_path: Path) -> None:
+def _peer_ratios(tmp_path: Path, verispec: str, suffix: str) -> dict[tuple[float, int], float]:
+    """verispec's best / the peers' best per (T, clients), merged by serve_report from the
+    verispec report and the vLLM plain and spec reports ``serve-vllm-{side}-{suffix}``."""
     from verispec.bench import serve_report
 
+    out = tmp_path / "merged.json"
+    peers = [str(REPORTS / f"serve-vllm-{side}-{suffix}") for side in ("plain", "spec")]
+    assert serve_report.main([str(out), str(REPORTS / verispec), *peers]) == 0
+    return {(c["temperature"], c["concurrency"]): round(c["throughput"]["ratio"], 3)
+            for c in json.loads(out.read_text())["peer_comparisons"]}
+
+
+def test_zen5_server_reports_and_the_peer_ratios(tables: ModuleType, tmp_path: Path) -> None:
     auto = _render(tables, "serve-gamma-auto-epyc-zen5.json")
     for line in ("| 0 | 1 | block γ=auto | block γ=8 | 0.959× [0.906, 1.015] | 0.583× [0.442,",
                  "| 1 | 1 | block γ=auto | block γ=8 | 1.071× [0.943, 1.215] | 0.701× [0.654,",
@@ -154,12 +164,7 @@ def test_zen5_server_reports_and_the_peer_ratios(tables: ModuleType, tmp_path: P
         tables, "serve-vllm-bfloat16-probe-epyc-zen5.json")
     assert "| 0 | 8 | vllm-plain | 1 | 0 | 35.19 |" in _render(
         tables, "serve-vllm-float32-probe-epyc-zen5.json")
-    out = tmp_path / "merged.json"
-    peers = [str(REPORTS / f"serve-vllm-{side}-epyc-zen5.json") for side in ("plain", "spec")]
-    assert serve_report.main([str(out), str(REPORTS / "serve-gamma-auto-epyc-zen5.json"),
-                              *peers]) == 0
-    ratios = {(c["temperature"], c["concurrency"]): round(c["throughput"]["ratio"], 3)
-              for c in json.loads(out.read_text())["peer_comparisons"]}
+    ratios = _peer_ratios(tmp_path, "serve-gamma-auto-epyc-zen5.json", "epyc-zen5.json")
     assert ratios == {(0.0, 1): 1.662, (0.0, 2): 1.404, (0.0, 4): 1.051, (0.0, 8): 0.947,
                       (0.0, 16): 1.027, (1.0, 1): 2.004, (1.0, 2): 1.337, (1.0, 4): 1.065,
                       (1.0, 8): 0.984, (1.0, 16): 1.01}
@@ -170,8 +175,39 @@ def test_zen5_server_reports_and_the_peer_ratios(tables: ModuleType, tmp_path: P
              "geometric mean 0.972 (rounds: 0.966, 0.977, 0.972)"),
             ("batch-gamma-b4-t1-epyc-zen5-repeat.json",
              "geometric mean 0.956 (rounds: 0.986, 0.956, 0.926)"),
-            ("thread-pools-epyc-zen5.json", "| ar ms per token | 36.4 | 65.6 | 37.4 |")):
+            ("thread-pools-epyc-zen5.json", "| ar ms per token | 36.4 | 65.6 | 37.4 |"),
+            ("int8-codes-epyc-zen5.json", "| 8 × 5 | 164.5 | 128.2 | 1.269× [1.202, 1.401] |"),
+            ("int8-codes-epyc-zen5.json",
+             "| prompt read (118 tokens) | 384.6 | 281.5 | 1.369× [1.300, 1.596] |")):
         assert line in _render(tables, name), name
+
+
+def test_zen5_fused_codes_server_report_and_the_peer_ratios(tables: ModuleType,
+                                                             tmp_path: Path) -> None:
+    serve = "serve-gamma-auto-epyc-zen5-bc56c01.json"
+    for name, line in (
+            (serve, "| 0 | 1 | block γ=auto | block γ=8 | 1.001× [0.919, 1.089] | 0.596× [0.495,"),
+            (serve, "| 1 | 1 | block γ=auto | block γ=8 | 1.018× [0.954, 1.087] | 0.652× [0.414,"),
+            (serve, "| 0 | 16 | block γ=auto | ar | 0.983× [0.982, 0.984] |"),
+            (serve, "| 0 | 8 | ar | 3 | 0 | 75.83 | 2130.1 | 62.6 | 1.00 | 0.00 |"),
+            ("batch-gamma-b1-epyc-zen5-bc56c01.json",
+             "geometric mean 0.971 (rounds: 0.966, 0.973, 0.976)"),
+            ("batch-gamma-b4-epyc-zen5-bc56c01.json",
+             "geometric mean 0.994 (rounds: 0.999, 1.007, 0.977)"),
+            ("batch-gamma-b8-epyc-zen5-bc56c01.json",
+             "geometric mean 1.019 (rounds: 0.984, 1.027, 1.048)"),
+            ("batch-gamma-b4-t1-epyc-zen5-bc56c01.json",
+             "geometric mean 0.866 (rounds: 0.878, 0.916, 0.807)"),
+            ("pass-costs-b4-t1-epyc-zen5-bc56c01.json",
+             "| 4 | 41.6 | 52.7 | 70.1 | 110.5 |  | 12.9 | 27.0 | 2.09 |"),
+            ("pass-costs-b4-t0-epyc-zen5-bc56c01.json",
+             "| 4 | 48.6 | 57.4 | 70.6 | 110.4 |  | 13.5 | 19.8 | 1.47 |")):
+        assert line in _render(tables, name), name
+    ratios = _peer_ratios(tmp_path, "serve-gamma-auto-epyc-zen5-bc56c01.json",
+                          "epyc-zen5-beside-bc56c01.json")
+    assert ratios == {(0.0, 1): 1.834, (0.0, 2): 1.632, (0.0, 4): 1.397, (0.0, 8): 1.253,
+                      (0.0, 16): 1.218, (1.0, 1): 2.353, (1.0, 2): 1.843, (1.0, 4): 1.377,
+                      (1.0, 8): 1.241, (1.0, 16): 1.279}
 
 
 def test_files_with_renderers_before(tables: ModuleType) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from verispec.models.native import codes_kernel
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
 from verispec.models.native.linear import (
     default_kernel,
@@ -238,6 +239,8 @@ def _split(net: Transformer, file: Path | None = None,
     (:class:`~verispec.models.native.retime.LibraryClock`)."""
     record = None if file is None else f"{file.parent.name}/{file.stem.rsplit('-', 1)[0]}-passes"
     layers = int8_layers(net)
+    fused = sum(1 for layer in layers if layer._fused)
+    say(f"int8 activation codes: {codes_kernel.status()} ({fused} of {len(layers)} layers)")
     say(split_pass_sizes(layers, record))
     if LibraryClock.applies(layers):
         net.libraries = LibraryClock(layers)

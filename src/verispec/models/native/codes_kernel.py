@@ -34,7 +34,8 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["ARCH_FLAGS", "MAX_BLOCK", "MAX_Q", "available", "build", "codes", "status", "takes"]
+__all__ = ["ARCH_FLAGS", "MAX_BLOCK", "MAX_Q", "RowCodes", "available", "build", "codes", "status",
+           "takes"]
 
 SOURCE = Path(__file__).with_name("csrc") / "int8_codes.c"
 MAX_BLOCK = 4096  # the most channels of one rotation block (the C source's VS_MAX_BLOCK)
@@ -114,41 +115,56 @@ def takes(rot: Tensor | None, rot_b: Tensor | None) -> bool:
 _ONE = torch.ones((1, 1), dtype=torch.float64)  # C = [1] for a dense rotation block
 
 
+class RowCodes:
+    """The kernel bound to one layer's constants, so that a call passes only the input.
+
+    ``factors`` [K] float32 or None; ``rot`` [p, p] and ``rot_b`` [q, q] (or ``rot_b`` None:
+    one dense block) or None: the block rotation, kept in float64; ``norm_eps``: the row
+    scale after an RMSNorm with this eps (None: no norm). ``library``: a :func:`build` to run
+    instead of this process's kernel."""
+
+    def __init__(self, factors: Tensor | None, rot: Tensor | None, rot_b: Tensor | None,
+                 x_scale: float, x_zero: int, norm_eps: float | None,
+                 library: ctypes.CDLL | None = None) -> None:
+        lib = library or _load()[0]
+        if lib is None:
+            raise RuntimeError(status())
+        self._fn = lib.vs_int8_codes
+        self.factors = None if factors is None else factors.float().contiguous()  # [K]
+        self.rot = None if rot is None else rot.to(torch.float64).contiguous()  # [p, p]
+        c = _ONE if rot is not None and rot_b is None else rot_b
+        self.c = None if c is None else c.to(torch.float64).contiguous()  # [q, q]
+        self._in_place = self.factors is None and self.rot is None  # no scratch rows needed
+        # the arguments after x, m, k and before the scratch, codes, as_float, s, threads
+        self._args = (None if self.factors is None else self.factors.data_ptr(),
+                      None if self.rot is None else self.rot.data_ptr(),
+                      0 if self.rot is None else self.rot.shape[0],
+                      None if self.c is None else self.c.data_ptr(),
+                      0 if self.c is None else self.c.shape[0],
+                      1.0 / x_scale, x_zero + 0.5, float(x_zero), int(norm_eps is not None),
+                      0.0 if norm_eps is None else norm_eps)
+
+    def __call__(self, x: Tensor, as_float: bool) -> tuple[Tensor, Tensor]:
+        """(codes [M, K], s [M, 1]) for x [M, K] float32 on the CPU: codes as uint8, or with
+        ``as_float`` as float32 code − x_zero; s = a, the row's max-abs after the factors and
+        the rotation, or after an RMSNorm a / sqrt(mean(x²) + eps)."""
+        x = x.contiguous()
+        m, k = x.shape
+        out = torch.empty((m, k), dtype=torch.float32 if as_float else torch.uint8)
+        s = torch.empty((m, 1), dtype=torch.float32)
+        scratch = x if self._in_place else torch.empty_like(x)
+        rc = self._fn(x.data_ptr(), m, k, *self._args, scratch.data_ptr(), out.data_ptr(),
+                      int(as_float), s.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            shapes = [None if t is None else tuple(t.shape) for t in (self.rot, self.c)]
+            raise ValueError(f"the int8 codes kernel refused x [{m}, {k}] with a rotation of "
+                             f"{shapes[0]} ⊗ {shapes[1]} (code {rc})")
+        return out, s
+
+
 def codes(x: Tensor, factors: Tensor | None, rot: Tensor | None, rot_b: Tensor | None,
           x_scale: float, x_zero: int, *, norm_eps: float | None, as_float: bool,
           library: ctypes.CDLL | None = None) -> tuple[Tensor, Tensor]:
-    """(codes [M, K], s [M, 1]) for x [M, K] float32 on the CPU.
-
-    ``factors`` [K] float32 or None; ``rot`` [p, p] and ``rot_b`` [q, q] float64 (or
-    ``rot_b`` None: one dense block) or None: the block rotation; codes as uint8, or with
-    ``as_float`` as float32 code − ``x_zero``; s = a, the row's max-abs after the factors and
-    the rotation, or with ``norm_eps`` a / sqrt(mean(x²) + eps). ``library``: a
-    :func:`build` to run instead of this process's kernel."""
-    lib = library or _load()[0]
-    if lib is None:
-        raise RuntimeError(status())
-    x = x.contiguous()
-    m, k = x.shape
-    out = torch.empty((m, k), dtype=torch.float32 if as_float else torch.uint8)
-    s = torch.empty((m, 1), dtype=torch.float32)
-    scratch = x if rot is None and factors is None else torch.empty_like(x)
-    if factors is not None:
-        factors = factors.float().contiguous()
-    if rot is not None:
-        rot = rot.to(torch.float64).contiguous()
-    c = _ONE if rot is not None and rot_b is None else rot_b
-    if c is not None:
-        c = c.to(torch.float64).contiguous()
-    # every tensor handed over by address is held by a name until the call returns
-    rc = lib.vs_int8_codes(
-        x.data_ptr(), m, k, None if factors is None else factors.data_ptr(),
-        None if rot is None else rot.data_ptr(), 0 if rot is None else rot.shape[0],
-        None if c is None else c.data_ptr(), 0 if c is None else c.shape[0],
-        1.0 / x_scale, x_zero + 0.5, float(x_zero), int(norm_eps is not None),
-        0.0 if norm_eps is None else norm_eps, scratch.data_ptr(), out.data_ptr(),
-        int(as_float), s.data_ptr(), torch.get_num_threads())
-    if rc != 0:
-        raise ValueError(f"the int8 codes kernel refused x [{m}, {k}] with a rotation of "
-                         f"{None if rot is None else tuple(rot.shape)} ⊗ "
-                         f"{None if c is None else tuple(c.shape)} (code {rc})")
-    return out, s
+    """(codes [M, K], s [M, 1]) for x [M, K] float32 on the CPU, with :class:`RowCodes`'
+    arguments, in one call."""
+    return RowCodes(factors, rot, rot_b, x_scale, x_zero, norm_eps, library)(x, as_float)

@@ -143,6 +143,9 @@ class Int8Linear:
         # the codes made by verispec's fused kernel (decided once: it is built here and
         # takes this layer's rotation), else by torch operators
         self._fused = not split and codes_kernel.takes(rot, rot_b)
+        self._codes = None if not self._fused else codes_kernel.RowCodes(
+            self._factors, self.rot, self.rot_b, kernel.x_scale, kernel.x_zero,
+            None if norm is None else eps)
 
     @classmethod
     def from_int8(cls, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
@@ -204,10 +207,7 @@ class Int8Linear:
         if not self._fused or x.device.type != "cpu" or x.dtype != torch.float32:
             return self.scaled_reference(x)
         library = kernels.library_of(self.kernel, x.shape[0], self.wide_from)
-        codes, s = codes_kernel.codes(x, self._factors, self.rot, self.rot_b,
-                                      self.kernel.x_scale, self.kernel.x_zero,
-                                      norm_eps=None if self.norm is None else self.eps,
-                                      as_float=library != "onednn")  # [M, K], [M, 1]
+        codes, s = self._codes(x, as_float=library != "onednn")  # type: ignore[misc]  # [M, K], [M, 1]
         return kernels.product(self.kernel, self.packed, codes, self._out_scale, library), s
 
     def scaled_reference(self, x: Tensor) -> tuple[Tensor, Tensor]:

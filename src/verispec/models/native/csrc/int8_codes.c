@@ -10,8 +10,11 @@
  *       q = 1, C = [1]);
  *   a = max |u| (exact in any order);
  *   code = trunc(half + (inv * u) / a) (float32, the order torch's addcdiv uses), written as
- *       uint8 or as the float32 integer code - zero (a row of zeros: the zero point's code);
+ *       uint8 or as the float32 integer code - zero;
  *   s = a, or with norm = 1: a / sqrt(sum x^2 / k + eps) (sum in float64, see sum_squares).
+ * A row of zeros gets the zero point's codes and s = 0 (its output is 0); a row with a NaN or
+ * an infinity gets the zero point's codes and s = NaN, so its output is NaN, as the torch
+ * operators' would be, never a finite number made from garbage codes.
  * Rows and blocks are spread over the threads; each is computed whole by one thread in a fixed
  * order, so the result never depends on the thread count either.
  */
@@ -170,26 +173,29 @@ int vs_int8_codes(const float *x, int64_t m, int64_t k, const float *factors,
     for (int64_t r = 0; r < m; r++) {
         const float *ur = u + r * k;
         float amax = 0.0f;
+        int bad = 0; /* a NaN in the row */
         for (int64_t i = 0; i < k; i++) {
             float v = fabsf(ur[i]);
             amax = v > amax ? v : amax;
+            bad |= v != v;
         }
-        if (as_float) { /* an all-zero row (a = 0) gets the zero point's code */
+        int blank = amax == 0.0f || bad || isinf(amax); /* no codes to make */
+        if (as_float) { /* such a row gets the zero point's code */
             float *cr = (float *)codes + r * k;
-            if (amax == 0.0f)
+            if (blank)
                 for (int64_t i = 0; i < k; i++) cr[i] = 0.0f;
             else
                 for (int64_t i = 0; i < k; i++) cr[i] = truncf(half + (inv * ur[i]) / amax) - zero;
         } else {
             uint8_t *cr = (uint8_t *)codes + r * k;
             uint8_t z = (uint8_t)zero;
-            if (amax == 0.0f)
+            if (blank)
                 for (int64_t i = 0; i < k; i++) cr[i] = z;
             else
                 for (int64_t i = 0; i < k; i++) cr[i] = (uint8_t)(half + (inv * ur[i]) / amax);
         }
-        float scale = amax;
-        if (norm) {
+        float scale = amax == 0.0f ? 0.0f : blank ? NAN : amax; /* NaN marks the output */
+        if (norm && !blank) {
             const float *xr = x + r * k;
             double ss = sum_squares(xr, k);
             scale = (float)((double)amax / sqrt(ss / (double)k + eps));
