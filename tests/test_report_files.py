@@ -201,7 +201,11 @@ def test_zen5_fused_codes_server_report_and_the_peer_ratios(tables: ModuleType,
             ("pass-costs-b4-t1-epyc-zen5-8f1ed81.json",
              "| 4 | 41.6 | 52.7 | 70.1 | 110.5 |  | 12.9 | 27.0 | 2.09 |"),
             ("pass-costs-b4-t0-epyc-zen5-8f1ed81.json",
-             "| 4 | 48.6 | 57.4 | 70.6 | 110.4 |  | 13.5 | 19.8 | 1.47 |")):
+             "| 4 | 48.6 | 57.4 | 70.6 | 110.4 |  | 13.5 | 19.8 | 1.47 |"),
+            ("main-bench-humaneval-epyc-zen5-8f1ed81-results.jsonl",
+             "| block γ=auto | llamacpp-ar | 20 | 1.38× [1.32, 1.45] | 1.22× [1.11, 1.34] |"),
+            ("main-bench-humaneval-epyc-zen5-8f1ed81-results.jsonl",
+             "| block γ=auto | llamacpp-ar | 20 | 1.19× [1.07, 1.32] | 1.08× [0.99, 1.18] |")):
         assert line in _render(tables, name), name
     ratios = _peer_ratios(tmp_path, "serve-gamma-auto-epyc-zen5-bc56c01.json",
                           "epyc-zen5-beside-bc56c01.json")
