@@ -4,8 +4,10 @@ Before its integer product an int8 layer turns each row of its input into codes:
 factors, the block rotation (float64, rounded once to float32), the row's max-abs a, the codes
 trunc(x_zero + 0.5 + u / (a · x_scale)), and, after an RMSNorm, the row's scale. In torch that
 is a dozen operators per layer, each a pass over memory and a dispatch (with float64 copies
-around the rotation's two matmuls); at a few rows they cost about as much as the integer
-product itself. The C kernel does it in one pass, row by row with each row's arithmetic in a
+around the rotation's two matmuls), and their share of a pass grows with its rows
+(``benchmarks/int8_codes.py`` times both paths: on an AMD EPYC Zen 5 a one-row step ran
+1.09× and a 118-token prompt 1.37× faster fused). The C kernel does it in one pass, row by
+row with each row's arithmetic in a
 fixed order, so a row's codes never depend on the other rows, their number or the thread
 count: the property that lets a token's p be the same in a one-token step and in a
 verification pass.
