@@ -12,14 +12,13 @@ and the first HumanEval prompt read in one pass.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import results_io
 import torch
 
 from verispec.api import encode_prompt, load_pair
@@ -102,13 +101,13 @@ def table(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=15, help="passes per path and kind")
-    p.add_argument("--out", type=Path, help="write the times as JSON")
-    p.add_argument("--table", type=Path, help="print the table of a written file")
+    p.add_argument("--out", help="write the times as JSON")
+    p.add_argument("--table", help="print the table of a written file")
     args = p.parse_args(argv)
-    data = json.loads(args.table.read_text()) if args.table else measure(args.rounds)
-    if args.out:
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(table(data))
+    if args.table:
+        print(table(results_io.read(args.table)))
+        return 0
+    results_io.measure_and_print(args.out, lambda: measure(args.rounds), table)
     return 0
 
 

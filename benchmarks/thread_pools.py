@@ -15,15 +15,14 @@ float64 matmul as in the int8 layers' input rotation) and plain decoding's time 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import results_io
 import torch
 
 from verispec import generate
@@ -104,13 +103,13 @@ def table(data: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, help="write the figures as JSON")
-    p.add_argument("--table", type=Path, help="print the table of a written file")
+    p.add_argument("--out", help="write the figures as JSON")
+    p.add_argument("--table", help="print the table of a written file")
     args = p.parse_args(argv)
-    data = json.loads(args.table.read_text()) if args.table else measure()
-    if args.out:
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(table(data))
+    if args.table:
+        print(table(results_io.read(args.table)))
+        return 0
+    results_io.measure_and_print(args.out, lambda: measure(), table)
     return 0
 
 

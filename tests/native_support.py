@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +85,12 @@ def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
     assert a.shape == b.shape
     err = float((a - b).abs().max())
     assert err <= rel * float(b.abs().max()), f"max abs error {err}"
+
+
+def kernel_status_in_a_process(module: str, env: dict[str, str]) -> str:
+    """What ``verispec.models.native.<module>``'s ``available()`` and ``status()`` print in a
+    fresh Python with ``env`` added (a kernel is chosen once per process)."""
+    code = (f"from verispec.models.native import {module} as k; "
+            "print(k.available(), k.status())")
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                          capture_output=True, text=True, check=True, timeout=120).stdout

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from native_support import kernel_status_in_a_process
 
 from verispec.models.native import codes_kernel
 from verispec.models.native.linear import Int8Linear, default_kernel
@@ -200,10 +200,7 @@ def test_every_instruction_set_this_cpu_runs_gives_the_same_codes(level: str) ->
 
 
 def _status_in_a_process(env: dict[str, str]) -> str:
-    code = ("from verispec.models.native import codes_kernel as k; "
-            "print(k.available(), k.status())")
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
-                          capture_output=True, text=True, check=True, timeout=120).stdout
+    return kernel_status_in_a_process("codes_kernel", env)
 
 
 def test_the_torch_path_runs_where_asked_or_where_the_build_fails(tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from native_support import kernel_status_in_a_process
 
 from verispec.models.native import int4_kernel
 from verispec.models.native.linear import Int4Linear, int4_available
@@ -162,9 +162,7 @@ def test_an_int4_layer_runs_it_for_short_passes_and_torch_for_long_ones() -> Non
 
 
 def _status_in_a_process(env: dict[str, str]) -> str:
-    code = "from verispec.models.native import int4_kernel as k; print(k.available(), k.status())"
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
-                          capture_output=True, text=True, check=True, timeout=120).stdout
+    return kernel_status_in_a_process("int4_kernel", env)
 
 
 def test_torch_kernel_runs_where_asked_or_where_the_build_fails(tmp_path: Path) -> None:
