@@ -112,3 +112,20 @@ def measure_and_print(out: str | None, measure: Callable[[], dict[str, Any]],
     if out:
         write(out, rec)
     print(table(rec))
+
+
+def cli(description: str, measure: Callable[[argparse.Namespace], dict[str, Any]],
+        table: Callable[[dict[str, Any]], str], argv: list[str] | None = None,
+        options: Callable[[argparse.ArgumentParser], object] = lambda _p: None) -> int:
+    """A script's command line: ``--out`` (keep the record), ``--table`` (print the table of
+    a kept record) and the script's own ``options``, which ``measure`` receives."""
+    p = argparse.ArgumentParser(description=description)
+    options(p)
+    p.add_argument("--out", help="write the figures as JSON")
+    p.add_argument("--table", help="print the table of a written file")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(read(args.table)))
+        return 0
+    measure_and_print(args.out, lambda: measure(args), table)
+    return 0

@@ -14,7 +14,6 @@ float64 matmul as in the int8 layers' input rotation) and plain decoding's time 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import threading
@@ -102,15 +101,7 @@ def table(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write the figures as JSON")
-    p.add_argument("--table", help="print the table of a written file")
-    args = p.parse_args(argv)
-    if args.table:
-        print(table(results_io.read(args.table)))
-        return 0
-    results_io.measure_and_print(args.out, lambda: measure(), table)
-    return 0
+    return results_io.cli(__doc__.split("\n\n")[0], lambda _args: measure(), table, argv)
 
 
 if __name__ == "__main__":

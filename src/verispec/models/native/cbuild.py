@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BUILD_SECONDS", "build", "compiler", "unbuildable"]
+__all__ = ["BUILD_SECONDS", "build", "compiler", "unbuildable", "x86_library"]
 
 BUILD_SECONDS = 120
 
@@ -72,3 +73,18 @@ def build(source: Path, stem: str, flags: Sequence[str]) -> ctypes.CDLL:
     if not out.exists():
         _compile(cc, source, flags, out)
     return ctypes.CDLL(str(out))
+
+
+def x86_library(source: Path, stem: str, flags: Sequence[str]) -> tuple[ctypes.CDLL | None, str]:
+    """(the compiled ``source``, "") for an x86-64 kernel, or (None, why it cannot run here:
+    another architecture, :func:`unbuildable`, or the compiler's complaint)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"it is for x86-64, not {platform.machine()}"
+    why = unbuildable()
+    if why is not None:
+        return None, why
+    try:
+        return build(source, stem, flags), ""
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        return None, f"it did not build: {detail.strip()[:300]}"

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
-import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -49,16 +47,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     """(the library, which instruction set it runs), or (None, why torch's kernel runs)."""
     if _requested() == "torch":
         return None, "torch's int4 kernel (VERISPEC_INT4_KERNEL=torch)"
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, f"torch's int4 kernel (verispec's is for x86-64, not {platform.machine()})"
-    why = cbuild.unbuildable()
-    if why is not None:
-        return None, f"torch's int4 kernel ({why})"
-    try:
-        lib = cbuild.build(SOURCE, "int4-gemv", FLAGS)
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
-        return None, f"torch's int4 kernel (verispec's did not build: {detail.strip()[:300]})"
+    lib, why = cbuild.x86_library(SOURCE, "int4-gemv", FLAGS)
+    if lib is None:
+        return None, f"torch's int4 kernel (verispec's: {why})"
     lib.vs_int4_isa.restype = ctypes.c_int
     lib.vs_int4_mm.restype = ctypes.c_int
     lib.vs_int4_mm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import verispec.models.native.gemm_kernel as gemm_kernel
 import verispec.models.native.onednn as onednn
 from verispec.telemetry.machine import cpu_info
 
@@ -66,8 +67,9 @@ __all__ = ["ALL_ROWS", "KERNELS", "KERNEL_ENV", "NO_ROWS", "Int8Kernel", "choose
            "product", "proven", "record", "recorded", "report", "signature", "varying_pass_sizes"]
 
 KERNEL_ENV = "VERISPEC_INT8_KERNEL"  # overrides the choice: library/bits, e.g. fbgemm/7
-#: what oneDNN and fbgemm read to cap the instruction set they dispatch to
-ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
+#: what oneDNN, fbgemm and verispec's own kernel read to cap the instruction set they use
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS",
+           gemm_kernel.GEMM_ENV)
 SELF_TEST_K = 256  # input width of the adversarial product (|result| < 2^24: exact in float32)
 SELF_TEST_ROWS = (1, 3, 8, 37)  # pass sizes the adversarial product is run at
 #: rows from which a mixed kernel's second library runs in the self-test (so both run)
@@ -125,8 +127,9 @@ class Int8Kernel:
 #: candidates per CPU architecture, in order of preference when timings tie; a proven mixed
 #: kernel is preferred to its libraries alone (its timing per model may still use one only)
 KERNELS: dict[str, tuple[Int8Kernel, ...]] = {
-    "x86_64": (Int8Kernel("fbgemm", 8, "onednn"), Int8Kernel("onednn", 8),
-               Int8Kernel("fbgemm", 8), Int8Kernel("fbgemm", 7, "onednn"),
+    "x86_64": (Int8Kernel("verispec", 8, "onednn"), Int8Kernel("fbgemm", 8, "onednn"),
+               Int8Kernel("onednn", 8), Int8Kernel("fbgemm", 8),
+               Int8Kernel("fbgemm", 7, "onednn"), Int8Kernel("verispec", 7, "onednn"),
                Int8Kernel("fbgemm", 7), Int8Kernel("onednn", 7)),
 }
 
@@ -139,6 +142,7 @@ def _arch() -> str:
 def _present(kernel: Int8Kernel) -> bool:
     """Every library of ``kernel`` is in this torch build."""
     return all(onednn.available() if library == "onednn"
+               else gemm_kernel.available() if library == "verispec"
                else "fbgemm" in torch.backends.quantized.supported_engines
                for library in kernel.libraries)
 
@@ -160,6 +164,8 @@ def pack(library: str, qweight: Tensor) -> object:
     are applied after the product, the same way for every library: :func:`matmul`)."""
     if library == "onednn":
         return onednn.pack(qweight)
+    if library == "verispec":
+        return gemm_kernel.pack(qweight)
     with warnings.catch_warnings():  # quantized tensors are announced as moving to torchao
         warnings.simplefilter("ignore")
         n = qweight.shape[0]
@@ -187,7 +193,7 @@ def matmul(kernel: Int8Kernel, packed: dict[str, object], u: Tensor, a: Tensor,
     differently on its AMX and AVX-512 VNNI paths, so rows saw each other)."""
     library = library_of(kernel, u.shape[0], wide_from)
     codes = torch.addcdiv(half, u, a, value=1.0 / kernel.x_scale)  # [M, K], code + fraction
-    if library == "onednn":
+    if library != "fbgemm":
         codes = codes.to(torch.uint8)
     else:  # fbgemm quantizes its float input itself: give it integers (code − x_zero)
         codes = codes.trunc_().sub_(kernel.x_zero)
@@ -203,9 +209,11 @@ def library_of(kernel: Int8Kernel, rows: int, wide_from: int = NO_ROWS) -> str:
 def product(kernel: Int8Kernel, packed: dict[str, object], codes: Tensor, out_scale: Tensor,
             library: str) -> Tensor:
     """[M, N]: the integer product of ``codes`` [M, K] with the weights, times ``out_scale``
-    [N]. The codes as ``library`` takes them: uint8 for oneDNN, float32 code − x_zero for
-    fbgemm (which quantizes its float input itself, exactly for integers)."""
+    [N]. The codes as ``library`` takes them: uint8 for oneDNN and verispec's kernel, float32
+    code − x_zero for fbgemm (which quantizes its float input itself, exactly for integers)."""
     n = out_scale.numel()
+    if library == "verispec":  # the same rounding, with out_scale applied in the kernel
+        return gemm_kernel.matmul(codes, kernel.x_zero, packed["verispec"], out_scale)
     if library == "onednn":
         acc = torch.ops.onednn.qlinear_pointwise(
             codes, 1.0, kernel.x_zero, packed["onednn"], _unit(n), _zeros(n),
@@ -300,7 +308,9 @@ def _self_test() -> dict[Int8Kernel, float | str]:
     out: dict[Int8Kernel, float | str] = {}
     for kernel in KERNELS.get(_arch(), ()):
         if not _present(kernel):
-            out[kernel] = "not in this torch"
+            out[kernel] = (f"verispec's kernel {gemm_kernel.status()}"
+                           if "verispec" in kernel.libraries and not gemm_kernel.available()
+                           else "not in this torch")
             continue
         try:
             out[kernel] = exactness_error(kernel)
@@ -339,12 +349,14 @@ def _time(kernel: Int8Kernel) -> float:
 @cache
 def signature() -> str:
     """What a packed layout and the exactness of a code width depend on: torch (which pins
-    oneDNN and fbgemm), the CPU's vector flags, the ISA caps in the environment and what
-    the self-test found."""
+    oneDNN and fbgemm), the CPU's vector flags, the ISA caps in the environment, what the
+    self-test found and verispec's own kernel (its source and instruction set: the timings
+    recorded under this signature are of that code)."""
     flags = " ".join(sorted(x for x in cpu_info().flags
                             if x.startswith(("avx", "amx", "fma", "f16c"))))
     caps = ",".join(f"{e}={os.environ.get(e, '')}" for e in ISA_ENV)
-    text = f"{torch.__version__}|{_arch()}|{flags}|{caps}|{','.join(map(str, proven()))}"
+    text = (f"{torch.__version__}|{_arch()}|{flags}|{caps}|{','.join(map(str, proven()))}|"
+            f"{gemm_kernel.identity()}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -207,7 +207,7 @@ class Int8Linear:
         if not self._fused or x.device.type != "cpu" or x.dtype != torch.float32:
             return self.scaled_reference(x)
         library = kernels.library_of(self.kernel, x.shape[0], self.wide_from)
-        codes, s = self._codes(x, as_float=library != "onednn")  # type: ignore[misc]  # [M, K], [M, 1]
+        codes, s = self._codes(x, as_float=library == "fbgemm")  # type: ignore[misc]  # [M, K], [M, 1]
         return kernels.product(self.kernel, self.packed, codes, self._out_scale, library), s
 
     def scaled_reference(self, x: Tensor) -> tuple[Tensor, Tensor]:
