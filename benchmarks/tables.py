@@ -241,6 +241,8 @@ KINDS: tuple[Kind, ...] = (
                  "retime_stale_split"),
     _script_kind("int8-codes-*.json", "int8 passes with the activation codes of the fused "
                  "kernel and of torch operators", "int8_codes"),
+    _script_kind("int8-gemm-*.json", "int8 passes on oneDNN's int8 matmul and on verispec's",
+                 "int8_gemm"),
     _script_kind("thread-pools-*.json", "torch's kernels on a thread whose OpenMP team came "
                  "second", "thread_pools"),
 )

@@ -139,7 +139,8 @@ def test_serve_report_cli_reads_the_old_rows(tmp_path: Path) -> None:
     assert len(merged["cells"]) == 12 and merged["peer_comparisons"] == []
 
 
-def _peer_ratios(tmp_path: Path, verispec: str, suffix: str) -> dict[tuple[float, int], float]:
+def _peer_ratios(tmp_path: Path, verispec: str, suffix: str,
+                 digits: int = 3) -> dict[tuple[float, int], float]:
     """verispec's best / the peers' best per (T, clients), merged by serve_report from the
     verispec report and the vLLM plain and spec reports ``serve-vllm-{side}-{suffix}``."""
     from verispec.bench import serve_report
@@ -147,7 +148,7 @@ def _peer_ratios(tmp_path: Path, verispec: str, suffix: str) -> dict[tuple[float
     out = tmp_path / "merged.json"
     peers = [str(REPORTS / f"serve-vllm-{side}-{suffix}") for side in ("plain", "spec")]
     assert serve_report.main([str(out), str(REPORTS / verispec), *peers]) == 0
-    return {(c["temperature"], c["concurrency"]): round(c["throughput"]["ratio"], 3)
+    return {(c["temperature"], c["concurrency"]): round(c["throughput"]["ratio"], digits)
             for c in json.loads(out.read_text())["peer_comparisons"]}
 
 
@@ -216,6 +217,21 @@ def test_zen5_fused_codes_server_report_and_the_peer_ratios(tables: ModuleType,
     assert ratios == {(0.0, 1): 1.834, (0.0, 2): 1.632, (0.0, 4): 1.397, (0.0, 8): 1.253,
                       (0.0, 16): 1.218, (1.0, 1): 2.353, (1.0, 2): 1.843, (1.0, 4): 1.377,
                       (1.0, 8): 1.241, (1.0, 16): 1.279}
+
+
+def test_zen5_own_int8_matmul_server_report_and_the_peer_ratios(tables: ModuleType,
+                                                               tmp_path: Path) -> None:
+    serve = _render(tables, "serve-gamma-auto-epyc-zen5-b315c74.json")
+    for line in ("| 0 | 1 | block γ=auto | block γ=8 | 0.963× [0.940, 0.987] | 0.577× [0.389,",
+                 "| 1 | 1 | block γ=auto | block γ=8 | 1.007× [0.934, 1.086] | 0.694× [0.653,",
+                 "| 1 | 4 | block γ=auto | ar | 0.962× [0.814, 1.138] |",
+                 "| 0 | 8 | ar | 3 | 0 | 90.58 | 1980.2 | 47.9 | 1.00 | 0.00 |"):
+        assert line in serve, line
+    ratios = _peer_ratios(tmp_path, "serve-gamma-auto-epyc-zen5-b315c74.json",
+                          "epyc-zen5-beside-b315c74.json", digits=4)
+    assert ratios == {(0.0, 1): 2.2066, (0.0, 2): 2.0001, (0.0, 4): 1.6268, (0.0, 8): 1.5358,
+                      (0.0, 16): 1.5718, (1.0, 1): 2.5085, (1.0, 2): 2.0962, (1.0, 4): 1.6537,
+                      (1.0, 8): 1.4996, (1.0, 16): 1.5743}
 
 
 def test_files_with_renderers_before(tables: ModuleType) -> None:

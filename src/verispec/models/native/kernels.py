@@ -38,6 +38,13 @@ Where one library is faster at a pass size depends on the CPU and on the model (
 weights stream from memory, which a single small layer does not show), so the rows from
 which the second library runs are timed on the model's own layers at its first load
 (:func:`verispec.models.native.linear.split_pass_sizes`).
+
+**verispec's own library.** ``verispec`` (:mod:`~verispec.models.native.gemm_kernel`) is a
+matmul for passes of a few rows that reads every weight once for up to 9 rows of codes; it
+returns the same float32 of the exact integer sum, so it enters the table as the narrow
+library of mixed kernels: ``verispec+onednn/8`` first (VNNI), ``verispec+onednn/7`` after
+``fbgemm+onednn/7`` (its AVX2 path ran slower than fbgemm's under the ISA caps of a VNNI
+CPU, so it is there to be proven and chosen by ``VERISPEC_INT8_KERNEL``).
 """
 
 from __future__ import annotations

@@ -79,6 +79,15 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const float *nor
     }
 }
 
+/* acc + the products of u's and x's bytes summed by 4 (vpdpbusd): written out, because
+ * GCC 12 copies every accumulator to another register and back around the intrinsic in
+ * every step, and spills some of them to the stack */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
+static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(x));
+    return acc;
+}
+
 /* One block of VS_LANES weight rows against the m rows of x: out[r][i] = row n0 + i's dot. */
 /* m is a constant where this is inlined (see block_vnni), so the per-row accumulators
    live in registers */
@@ -105,8 +114,8 @@ static inline void block_vnni_m(const uint8_t *w, const uint16_t *ws, const uint
                 int32_t a, b;
                 memcpy(&a, xg + 4 * t, 4);
                 memcpy(&b, xg + 4 * t + VS_GROUP / 2, 4);
-                dot[r][0] = _mm512_dpbusd_epi32(dot[r][0], lo, _mm512_set1_epi32(a));
-                dot[r][1] = _mm512_dpbusd_epi32(dot[r][1], hi, _mm512_set1_epi32(b));
+                dot[r][0] = dpbusd(dot[r][0], lo, _mm512_set1_epi32(a));
+                dot[r][1] = dpbusd(dot[r][1], hi, _mm512_set1_epi32(b));
             }
         }
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws + g * VS_LANES)));
