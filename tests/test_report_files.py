@@ -232,6 +232,19 @@ def test_zen5_own_int8_matmul_server_report_and_the_peer_ratios(tables: ModuleTy
     assert ratios == {(0.0, 1): 2.2066, (0.0, 2): 2.0001, (0.0, 4): 1.6268, (0.0, 8): 1.5358,
                       (0.0, 16): 1.5718, (1.0, 1): 2.5085, (1.0, 2): 2.0962, (1.0, 4): 1.6537,
                       (1.0, 8): 1.4996, (1.0, 16): 1.5743}
+    for name, line in (
+            ("int8-gemm-epyc-zen5.json", "| 8 × 1 | 55.6 | 41.0 | 1.348× [1.159, 1.394] |"),
+            ("int8-gemm-epyc-zen5.json", "| 1 × 9 | 53.8 | 38.2 | 1.406× [1.360, 1.525] |"),
+            ("main-bench-humaneval-epyc-zen5-6f9cc06-results.jsonl",
+             "| block γ=auto | llamacpp-ar | 20 | 1.50× [1.43, 1.57] | 1.33× [1.20, 1.47] |"),
+            ("main-bench-humaneval-epyc-zen5-6f9cc06-results.jsonl",
+             "| block γ=auto | llamacpp-ar | 20 | 1.37× [1.25, 1.49] | 1.25× [1.17, 1.34] |"),
+            ("main-bench-humaneval-epyc-zen5-b315c74-results.jsonl",
+             "| block γ=auto | llamacpp-ar | 20 | 1.48× [1.41, 1.57] | 1.31× [1.19, 1.45] |"),
+            ("kernels-epyc-zen5-own-matmul.json", "| verispec+onednn | 8 bits | 0 | exact |"),
+            ("kernels-epyc-zen5-own-matmul-emulated-avx2.json",
+             "| verispec+onednn | 7 bits | 6e-08 | exact |")):
+        assert line in _render(tables, name), name
 
 
 def test_files_with_renderers_before(tables: ModuleType) -> None:
