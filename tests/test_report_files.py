@@ -242,6 +242,8 @@ def test_zen5_own_int8_matmul_server_report_and_the_peer_ratios(tables: ModuleTy
             ("main-bench-humaneval-epyc-zen5-b315c74-results.jsonl",
              "| block γ=auto | llamacpp-ar | 20 | 1.48× [1.41, 1.57] | 1.31× [1.19, 1.45] |"),
             ("kernels-epyc-zen5-own-matmul.json", "| verispec+onednn | 8 bits | 0 | exact |"),
+            ("step-costs-epyc-zen5-6f9cc06.json",
+             "| qwen2.5-coder-1.5b-instruct | native int8 | 36.2 | 37.4 | 39.5 | 46.2 | 1.28 |"),
             ("kernels-epyc-zen5-own-matmul-emulated-avx2.json",
              "| verispec+onednn | 7 bits | 6e-08 | exact |")):
         assert line in _render(tables, name), name
