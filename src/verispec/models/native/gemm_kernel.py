@@ -89,6 +89,7 @@ def status() -> str:
     return _load()[1]
 
 
+@cache
 def isa() -> int:
     """The instruction set of :data:`ISAS` it runs with (0: not offered)."""
     lib = _load()[0]
@@ -127,8 +128,8 @@ def matmul(codes: Tensor, zero: int, packed: Tensor, out_scale: Tensor, *,
     lib = _load()[0]
     if lib is None:
         raise RuntimeError(status())
-    chosen = isa() if use_isa is None else use_isa
-    if chosen not in ISAS or chosen > lib.vs_gemm_isa():
+    chosen = isa() if use_isa is None else use_isa  # isa(): checked once per process
+    if use_isa is not None and (chosen not in ISAS or chosen > lib.vs_gemm_isa()):
         raise ValueError(f"instruction set {chosen} is not one this CPU runs the int8 matmul "
                          f"with (best here: {ISAS.get(lib.vs_gemm_isa(), 'none')})")
     codes, out_scale = codes.contiguous(), out_scale.contiguous()

@@ -87,6 +87,7 @@ def status() -> str:
     return _load()[1]
 
 
+@cache
 def isa() -> int:
     """The instruction set of :data:`ISAS` the kernel runs with here (0: none): the best
     this CPU has, or AVX2 where ``VERISPEC_INT4_KERNEL=avx2`` asks."""
@@ -132,8 +133,8 @@ def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None
     nibbles, scale, lo = packed
     m, k = x.shape
     n = scale.shape[0] * LANES
-    chosen = isa() if use_isa is None else use_isa
-    if chosen not in ISAS or chosen > lib.vs_int4_isa():
+    chosen = isa() if use_isa is None else use_isa  # isa(): checked once per process
+    if use_isa is not None and (chosen not in ISAS or chosen > lib.vs_int4_isa()):
         raise ValueError(f"instruction set {chosen} is not one this CPU runs the int4 kernel "
                          f"with (best here: {ISAS.get(lib.vs_int4_isa(), 'none')})")
     x = x.float().contiguous()
