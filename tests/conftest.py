@@ -51,14 +51,16 @@ class TinyTokenizer:
         return " ".join(f"{self.prefix}{int(i)}" for i in ids)
 
 
-def make_tiny_model(seed: int, vocab_size: int = TINY_VOCAB, max_positions: int = 256) -> Any:
-    """A seeded, randomly initialised float32 ``Qwen2ForCausalLM`` (eval mode)."""
+def make_tiny_model(seed: int, vocab_size: int = TINY_VOCAB, max_positions: int = 256,
+                    hidden_size: int = 32) -> Any:
+    """A seeded, randomly initialised float32 ``Qwen2ForCausalLM`` (eval mode); its MLP is
+    twice ``hidden_size`` wide (64 fits verispec's int4 kernel, whose groups are 64 wide)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

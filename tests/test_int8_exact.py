@@ -1,4 +1,4 @@
-"""Every lossless method stays exact on the int8 runtime.
+"""Every lossless method stays exact on the int8 runtime, and with an int4 target.
 
 p and q are the int8 models' own distributions. The reference law is the int8 target
 sampled one token at a time, each position scored by a fresh prefill of its prefix; the
@@ -10,6 +10,10 @@ tolerance of float32 rounding. Top-k warping keeps the number of paths small.
 Negative control: the same model with one activation scale per *tensor* (PyTorch's dynamic
 int8) makes a position's distribution depend on the tokens scored with it, and the test
 sees the engine's law move away from the target's.
+
+An int4 target reads the prompt on its int8 form and every later token on its int4 layers;
+its reference law scores each generated token in a pass of its own after the prompt. Its
+negative control is the same model run as a draft runs it (wide passes on the int8 form).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from verispec.engine.exact import Law, walk
 from verispec.engine.loop import Engine
 from verispec.engine.request import Request
 from verispec.methods import build_method
-from verispec.models.native import NativeCausalLM, from_hf_module, kernels
+from verispec.models.native import NativeCausalLM, from_hf_module, int4_kernel, kernels, lm
 from verispec.models.native.linear import Int8Linear, int4_available, int8_available
 from verispec.sampling import Randomness, Sampling, warp_rows
 from verispec.theory.exact import tv_distance
@@ -123,7 +127,7 @@ def test_int4_draft_keeps_the_int8_target_law(pair: tuple[NativeCausalLM, Native
     by its int8 form) leaves the law the int8 target's: q is recorded in the pass that drew
     each draft token."""
     draft = from_hf_module(make_tiny_model(seed=41), TinyTokenizer(), "draft-int4", "int4")
-    assert draft.prefill_net is not None  # the prompt is read by the int8 form
+    assert draft.prefill_net is not None and not draft.exact_passes  # the prompt is read by the int8 form
     assert draft.spawn().prefill_net is draft.prefill_net
     law = engine_run_law(pair[0], draft, method, 2)
     assert tv_distance(law, reference) < FLOAT32_ROUNDING
@@ -148,6 +152,62 @@ def test_vocabulary_subset_draft_keeps_the_int8_target_law(
     assert torch.isfinite(logits).nonzero().view(-1).tolist() == sorted(finite)
     law = engine_run_law(pair[0], draft, method, 2)
     assert tv_distance(law, reference) < FLOAT32_ROUNDING
+
+
+@pytest.fixture(scope="module")
+def int4_target(kernel: kernels.Int8Kernel) -> NativeCausalLM:
+    """A tiny int4 target (hidden size 64: every layer fits verispec's int4 kernel) that
+    reads prompts on its int8 form (this module's kernel) and every later token on its int4
+    layers."""
+    if not (int4_available() and int4_kernel.available()):
+        pytest.skip(f"no int4 target here: {int4_kernel.status()}")
+    target = from_hf_module(make_tiny_model(seed=42, hidden_size=64), TinyTokenizer(),
+                            "target-int4", "int4", exact_passes=True)
+    assert target.prefill_net is not None
+    return target
+
+
+def prompt_then_one_at_a_time_law(model: NativeCausalLM, sampling: Sampling,
+                                  length: int) -> Law:
+    """The law of ``length`` tokens from ``model`` with the prompt but its last token read
+    as a prompt (``add_rows``, as the engine reads it) and each later token scored in a pass
+    of its own (an int4 target's law: its int8 form reads the prompt, its int4 layers every
+    token after it)."""
+
+    def step(ctx: tuple[int, ...], room: int, state: Any) -> Iterable[tuple[Any, ...]]:
+        fresh = model.spawn()
+        fresh.add_rows([PROMPT[:-1]])
+        for t in ctx[len(PROMPT) - 1:-1]:
+            fresh.extend([[t]])
+        dist = warp_rows(fresh.extend([[ctx[-1]]])[:, -1], [sampling])[0]  # [V]
+        for y in (dist > 0).nonzero().flatten().tolist():
+            yield (y,), False, float(dist[y]), None
+
+    return walk(PROMPT, length, step)
+
+
+@pytest.mark.parametrize("method", LOSSLESS)
+def test_int4_target_engine_law_is_its_one_pass_per_token_law(
+        pair: tuple[NativeCausalLM, NativeCausalLM], int4_target: NativeCausalLM,
+        method: str) -> None:
+    reference = prompt_then_one_at_a_time_law(int4_target, WARP, LENGTH)
+    law = engine_run_law(int4_target, pair[1], method, GAMMA.get(method, 2))
+    assert abs(sum(law.values()) - 1) < FLOAT32_ROUNDING
+    assert tv_distance(law, reference) < FLOAT32_ROUNDING
+
+
+def test_negative_control_int4_verification_on_the_int8_form_is_caught(
+        pair: tuple[NativeCausalLM, NativeCausalLM], int4_target: NativeCausalLM,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same weights run as a draft runs them (passes of 2 token rows or more on the
+    int8 form): verification then scores tokens otherwise than one at a time, and the
+    engine's law moves away from the one-pass-per-token law."""
+    draftlike = NativeCausalLM(int4_target.net, TinyTokenizer(), "int4 as a draft",
+                               precision="int4", prefill_net=int4_target.prefill_net)
+    monkeypatch.setattr(lm, "prefill_rows", lambda: 2)
+    reference = prompt_then_one_at_a_time_law(draftlike, WARP, LENGTH)
+    law = engine_run_law(draftlike, pair[1], "block", 2)
+    assert tv_distance(law, reference) > 10 * FLOAT32_ROUNDING
 
 
 class _PerTensorInt8(Int8Linear):

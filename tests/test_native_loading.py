@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import platform
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +73,11 @@ def test_int4_draft_runs_wide_passes_on_its_int8_form(module: Any) -> None:
     from verispec.models.native import int4_kernel
     from verispec.models.native.lm import PREFILL_ROWS, prefill_rows
 
-    assert prefill_rows() == (int4_kernel.MAX_ROWS + 1 if int4_kernel.available()
+    assert prefill_rows() == (int4_kernel.TILE_ROWS + 1 if int4_kernel.available()
                               else PREFILL_ROWS)
 
     draft = native(module, "int4")
+    assert not draft.exact_passes
     assert draft.prefill_net is not None
     int8_only = NativeCausalLM(draft.prefill_net, TinyTokenizer(), "int8 form",
                                precision="int8")
@@ -87,27 +91,76 @@ def test_int4_draft_runs_wide_passes_on_its_int8_form(module: Any) -> None:
     assert not torch.equal(draft.extend([narrow]), int8_only.extend([narrow]))
 
 
-def test_int4_is_refused_for_a_target(module: Any, tmp_path: Path) -> None:
+def test_int4_target_runs_on_verispecs_int4_kernel_or_is_refused(
+        tmp_path: Path, own_cache: Path | None) -> None:
+    """A target may be int4 only where verispec's int4 kernel runs (its rows never see each
+    other); where torch's kernel would run it, the target is refused with the reason, and a
+    model whose layers do not fit the kernel is refused too."""
+    from conftest import make_tiny_model
+
+    from verispec.models.native import int4_kernel
+
     cpu = torch.device("cpu")
-    with pytest.raises(ValueError, match="draft-only"):
-        resolve_precision("int4", cpu)
     with pytest.raises(ValueError, match="role must be one of"):
         resolve_precision("float32", cpu, "verifier")
-    module.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="draft-only"):
-        load_model(str(tmp_path), precision="int4")
-    if int4_available() and platform.machine().lower() in ("x86_64", "amd64"):
-        draft = load_model(str(tmp_path), precision="int4", role="draft")
-        assert isinstance(draft, NativeCausalLM) and draft.precision == "int4"
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if not (int4_available() and x86):
+        with pytest.raises(ValueError):
+            resolve_precision("int4", cpu)
+        return
+    wide = make_tiny_model(seed=3, hidden_size=64)
+    wide.save_pretrained(tmp_path / "wide")
+    if int4_kernel.available():
+        assert resolve_precision("int4", cpu)[0] == "int4"
+        target = load_model_dir(tmp_path / "wide", "int4")
+        assert isinstance(target, NativeCausalLM) and target.exact_passes
+        assert target.net.attention_dtype == torch.float64
+        draft = load_model_dir(tmp_path / "wide", "int4", "draft")
+        assert not draft.exact_passes
+        narrow = make_tiny_model(seed=3)  # hidden size 32: groups of 64 do not fit
+        with pytest.raises(ValueError, match="do not fit verispec's int4 kernel"):
+            from_hf_module(narrow, TinyTokenizer(), "t", "int4", exact_passes=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; from verispec.models.loading import "
+         "resolve_precision as r; print(r('int4', torch.device('cpu'), 'draft')[0]); "
+         "r('int4', torch.device('cpu'))"],
+        env=os.environ | {"VERISPEC_INT4_KERNEL": "torch"}, capture_output=True, text=True,
+        timeout=120)
+    assert out.stdout.strip() == "int4" and "an int4 target needs verispec's int4 kernel" \
+        in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
+def test_int4_target_scores_a_pass_as_one_token_at_a_time() -> None:
+    """An int4 target (``exact_passes``) gives every position of a verification pass, and of
+    a ragged batch, bit for bit what passes of one token give; run as a draft, the same
+    model moves wide passes to its int8 form, which the same comparison sees."""
+    from conftest import make_tiny_model
+
+    from verispec.models.native import int4_kernel
+
+    if not int4_kernel.available():
+        pytest.skip(int4_kernel.status())
+    module = make_tiny_model(seed=5, hidden_size=64)
+    target = from_hf_module(module, TinyTokenizer(), "t", "int4", exact_passes=True)
+    as_draft = from_hf_module(module, TinyTokenizer(), "d", "int4")
+    prompt, block = seq(13, 60), seq(int4_kernel.TILE_ROWS + 3, 61)
+    for m, same in ((target, True), (as_draft, as_draft.prefill_net is None)):
+        m.add_rows([prompt, prompt[:4]])
+        both = m.extend([block, block[:3]])  # [2, 11, V]
+        m.rollback([len(prompt), 4])
+        singles = torch.cat([m.extend([[t], []])[:1] for t in block], dim=1)  # [1, 11, V]
+        assert torch.equal(both[0], singles[0]) == same
 
 
 @pytest.mark.skipif(not int4_available(), reason="no CPU int4 kernel")
 def test_int4_linear_is_its_dequantized_matrix() -> None:
-    """torch's kernel (passes longer than verispec's int4 kernel takes; its own are tested in
+    """On torch's kernel (where verispec's cannot run; its own are tested in
     tests/test_int4_kernel.py)."""
     torch.manual_seed(0)
     w, x = torch.randn(96, 128), torch.randn(12, 128)  # [N, K], [M, K]
     lin = Int4Linear.quantize(w)
+    lin.lanes = None  # no layout for verispec's kernel: torch's runs every pass
     # dequantize the stored codes: Ŵ = (code − 8) · s + z per group of 64 input channels
     lo = w.view(96, 2, 64).amin(-1)  # [N, G]
     scale = ((w.view(96, 2, 64).amax(-1) - lo) / 15).clamp_min(1e-8)

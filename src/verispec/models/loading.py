@@ -1,7 +1,7 @@
 """Loading models by name: embedded defaults, local directories, hub ids and toy specs.
 
-One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16``, ``int8`` or, for a
-draft, ``int4`` (:func:`resolve_precision` says what ``auto`` picks here and why).
+One precision knob, ``precision``: ``auto``, ``float32``, ``bfloat16``, ``int8`` or ``int4``
+(:func:`resolve_precision` says what ``auto`` picks here and why).
 Qwen2/Llama-family checkpoints run on the native runtime (:mod:`verispec.models.native`),
 whose int8 and int4 weights are cached next to the float weights; other architectures run
 through transformers (:class:`~verispec.models.hf.HFCausalLM`) in float32 or bfloat16.
@@ -124,25 +124,31 @@ def resolve_precision(precision: str, device: torch.device,
     (:func:`~verispec.models.native.linear.int4_draft_faster`, measured once and recorded),
     int8 otherwise; bfloat16 on CUDA with bf16 support or a CPU with native bf16
     instructions; float32 otherwise.
-    ``int4`` is for drafts only: its rounding may depend on how many tokens a pass scores,
-    which a draft may do (q is recorded in the pass that drew each token) and a target may
-    not. Raises ValueError for an unknown precision or role, for int4 on a target and where
-    kernels are missing.
+    ``int4`` for a target runs on verispec's int4 kernel only, whose rows never see each
+    other (torch's int4 kernel rounds as the pass size decides, which a draft may do — q is
+    recorded in the pass that drew each token — and a target may not); ``auto`` never picks
+    it for a target (int4 weights move the target further from its float weights than int8).
+    Raises ValueError for an unknown precision or role and where kernels are missing.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if precision == "int4":
-        if role == "target":
-            raise ValueError("int4 is a draft-only precision (a target's distribution must not "
-                             "depend on how many tokens a pass scores); use int8 for the target "
-                             "and --draft-precision int4")
         missing = _int4_missing(device)
         if missing:
-            raise ValueError(f"{missing}; use --draft-precision int8, bfloat16 or float32")
-        from verispec.models.native.int4_kernel import status
+            raise ValueError(f"{missing}; use int8, bfloat16 or float32")
+        from verispec.models.native.int4_kernel import available, status
 
+        if role == "target":
+            if not available():
+                raise ValueError(
+                    f"an int4 target needs verispec's int4 kernel (a target's distribution "
+                    f"must not depend on how many tokens a pass scores, and torch's int4 "
+                    f"kernel rounds as the pass decides); here int4 runs {status()}: use "
+                    f"int8 for the target")
+            return "int4", (f"int4 (requested; every pass after the prompt on {status()}, "
+                            f"prompts on the int8 form)")
         return "int4", f"int4 (requested; short passes on {status()})"
     if precision == "int8":
         kernel, why = _int8_kernel(device)
@@ -205,7 +211,7 @@ def load_model(
     """Load a model from an embedded name, a local directory, a hub id or a toy spec.
 
     ``precision``: one of :data:`PRECISIONS` (see :func:`resolve_precision`); ``role``:
-    ``target`` or ``draft`` (``int4`` is allowed for a draft only; a native draft scores
+    ``target`` or ``draft`` (an int4 target needs verispec's int4 kernel; a native draft scores
     :func:`draft_vocabulary` ids). Toy models compute in
     exact float64 and take ``auto`` (or ``float64``) only. int8 and int4 run on the CPU
     (``device`` is then ignored unless it names another device, which is an error).
@@ -250,7 +256,7 @@ def load_model(
         draft = role == "draft"  # a draft needs no run-time rotations (load_native)
         return load_native(path, name, device=device, name=label, progress=progress,
                            vocabulary=draft_vocabulary() if draft else None,
-                           online_rotations=not draft)
+                           online_rotations=not draft, exact_passes=not draft)
     if name in ("int8", "int4"):
         if precision == name:
             raise ValueError(

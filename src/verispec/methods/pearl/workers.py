@@ -70,6 +70,7 @@ class NativePayload:
     name: str
     vocabulary: int | None = None
     online_rotations: bool = True
+    exact_passes: bool = False
 
 
 def portable(model: CausalLM, device: str | None = None) -> Any:
@@ -81,7 +82,7 @@ def portable(model: CausalLM, device: str | None = None) -> Any:
         return HFPayload(model.model, model.name, device)
     if isinstance(model, NativeCausalLM) and model.source is not None:
         return NativePayload(model.source, model.precision, model.name, model.vocabulary,
-                             model.online_rotations)
+                             model.online_rotations, model.exact_passes)
     return model
 
 
@@ -94,7 +95,8 @@ def materialise(payload: Any) -> CausalLM:
         return load_native(payload.path, payload.precision, name=payload.name,
                            load_tokenizer=payload.vocabulary is not None,
                            vocabulary=payload.vocabulary,
-                           online_rotations=payload.online_rotations)
+                           online_rotations=payload.online_rotations,
+                           exact_passes=payload.exact_passes)
     if isinstance(payload, HFPayload):
         from verispec.models.hf import HFCausalLM
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from verispec.models.native import codes_kernel
+from verispec.models.native import codes_kernel, int4_kernel
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
 from verispec.models.native.linear import (
     default_kernel,
@@ -33,6 +33,7 @@ from verispec.models.native.retime import LibraryClock
 from verispec.models.native.vocabulary import subset_ids
 from verispec.models.native.weights import (
     CACHE_FILES,
+    LAYER_LINEARS,
     build_dense,
     build_int4,
     build_int8,
@@ -70,13 +71,19 @@ def native_supports(config: Any) -> bool:
     return unsupported_reason(config) is None
 
 
-def _check(precision: str, device: torch.device) -> None:
+def _check(precision: str, device: torch.device, exact_passes: bool) -> None:
     if precision not in NATIVE_PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(NATIVE_PRECISIONS)}, "
                          f"got {precision!r}")
     if precision == "int4":
         if device.type != "cpu" or not int4_available():
             raise ValueError(f"int4 needs PyTorch's CPU int4 kernel; not available on {device}")
+        if exact_passes and not int4_kernel.available():
+            raise ValueError(
+                f"an int4 model whose passes must score as one token at a time would (a "
+                f"target) needs verispec's int4 kernel, and here int4 runs {int4_kernel.status()}"
+                f" (its rounding depends on the pass); load it as a draft "
+                f"(exact_passes=False) or use int8")
     if precision == "int8":
         if device.type != "cpu":
             raise ValueError(f"int8 runs on the CPU only (oneDNN / fbgemm kernels), not on "
@@ -102,13 +109,13 @@ def _eos(generation: Any, tokenizer: Any, config: Any) -> frozenset[int]:
 def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
                    precision: str = "float32", device: torch.device | str | None = None,
                    vocabulary: int | None = None, online_rotations: bool = True,
-                   ) -> NativeCausalLM:
+                   exact_passes: bool = False) -> NativeCausalLM:
     """A native model with the weights of an in-memory transformers ``*ForCausalLM``
     (copied: fused, cast or quantized). ``device`` defaults to the module's;
     ``vocabulary``: score only that many ids (:func:`subset_ids`; a draft's option);
-    ``online_rotations``: see :func:`load_native`."""
+    ``online_rotations`` and ``exact_passes``: see :func:`load_native`."""
     dev = torch.device(device) if device is not None else next(module.parameters()).device
-    _check(precision, dev)
+    _check(precision, dev, exact_passes)
     config = NativeConfig.from_hf(module.config)
     get = module_tensors(module)
     eos = _eos(getattr(module, "generation_config", None), tokenizer, module.config)
@@ -120,6 +127,8 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
             net = _split(build_int8(config, int8_state(config, get, vocabulary=ids, **blocks)))
         elif precision == "int4":
             net = build_int4(config, int4_state(config, get, ids))
+            if exact_passes:
+                net = _exact_int4(net)
             if int8_available():  # prompts are read faster by the int8 kernel
                 prefill = _split(build_int8(config,
                                             int8_state(config, get, vocabulary=ids, **blocks)))
@@ -127,7 +136,24 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
             net = build_dense(config, get, DTYPES[precision], dev, ids)
     return NativeCausalLM(net, tokenizer, name, eos_token_ids=eos, precision=precision,
                           prefill_net=prefill, vocabulary=None if ids is None else vocabulary,
-                          online_rotations=online_rotations)
+                          online_rotations=online_rotations, exact_passes=exact_passes)
+
+
+def _exact_int4(net: Transformer) -> Transformer:
+    """``net`` (int4) as a target runs it: every layer on verispec's int4 kernel, whose rows
+    never see each other, and attention in float64, which gives a row the same result
+    whatever the pass (:meth:`Transformer.attend`). Raises ValueError where a layer's shape
+    does not fit the kernel (torch's kernel would round it as the pass decides)."""
+    head = getattr(net.head, "linear", net.head)  # a SubsetHead's own layer
+    layers = [getattr(b, n) for b in net.blocks for n in LAYER_LINEARS] + [head]
+    off = sum(getattr(lin, "lanes", None) is None for lin in layers)
+    if off:
+        raise ValueError(
+            f"{off} of {len(layers)} int4 layers do not fit verispec's int4 kernel (input "
+            f"widths a multiple of {int4_kernel.GROUP}, outputs of {int4_kernel.LANES}), so "
+            f"their rounding would depend on the pass: such a model runs int4 as a draft only")
+    net.attention_dtype = torch.float64
+    return net
 
 
 def _online_blocks(online_rotations: bool) -> dict[str, Any]:
@@ -140,7 +166,7 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
                 name: str | None = None, cache: bool = True, load_tokenizer: bool = True,
                 progress: Callable[[str], None] | None = None,
                 vocabulary: int | None = None, online_rotations: bool = True,
-                ) -> NativeCausalLM:
+                exact_passes: bool = False) -> NativeCausalLM:
     """A native model from a Hugging Face directory.
 
     ``vocabulary``: score only that many ids (:func:`subset_ids`) and each row's context
@@ -153,6 +179,14 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     draft's q only has to be the distribution its tokens are drawn from, and the 0.5B draft
     accepts as often without them (the loaders of :mod:`verispec.models.loading`).
 
+    ``exact_passes`` (a target's need, which :func:`~verispec.models.loading.load_model`
+    sets for targets): every pass scores its tokens bit for bit as passes of one token
+    would. int8 and float models do so anyway. int4 models read prompts on their int8
+    form where it runs; with ``exact_passes`` every later pass runs on verispec's int4
+    kernel, whose rows never see each other (:mod:`~verispec.models.native.int4_kernel`;
+    where it cannot run, such a model is refused), and without it passes of many tokens
+    move to the int8 form, which is faster there.
+
     int8 and int4: the quantized weights are read from verispec's cache
     (:func:`cache_file`: per model directory, kernel and machine) when it holds them for
     these float weights; otherwise they are made from the float weights and
@@ -161,7 +195,7 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
     """
     path = Path(path)
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    _check(precision, dev)
+    _check(precision, dev, exact_passes)
     config_dict = json.loads((path / "config.json").read_text())
     config = NativeConfig.from_hf(config_dict)
     say = progress or (lambda _msg: None)
@@ -181,13 +215,15 @@ def load_native(path: str | os.PathLike[str], precision: str = "float32", *,
         else:
             net = _quantized_net(path, config, precision, cache, say, progress, ids,
                                  online_rotations)
+            if precision == "int4" and exact_passes:
+                net = _exact_int4(net)
         if precision == "int4" and int8_available():  # prompts are read faster in int8
             prefill = _quantized_net(path, config, "int8", cache, say, progress, ids,
                                      online_rotations)
     model = NativeCausalLM(net, tokenizer, name or path.name, eos_token_ids=eos,
                            precision=precision, source=str(path), prefill_net=prefill,
                            vocabulary=None if ids is None else vocabulary,
-                           online_rotations=online_rotations)
+                           online_rotations=online_rotations, exact_passes=exact_passes)
     scored = "" if ids is None else f", scoring {ids.numel()} of {config.vocab_size} ids" + (
         " and each row's context ids" if model.context is not None else "")
     say(f"loaded {path.name} ({precision}{scored}) in {time.perf_counter() - t0:.1f} s")

@@ -1,4 +1,4 @@
-"""verispec's own weight-only int4 kernel for the draft's steps of a few rows (x86-64).
+"""verispec's own weight-only int4 kernel (x86-64): the draft's steps, and an int4 target's.
 
 torch's CPU int4 matmul (``_weight_int4pack_mm_for_cpu``) turns every weight into a float
 and multiplies it by a bfloat16 activation; for one row that arithmetic, not the memory,
@@ -7,11 +7,15 @@ at half its two-core speed). ``csrc/int4_gemv.c`` instead rounds each group of 6
 channels of a row to int8 (scale max|x| / 127) and takes exact integer dot products of the
 4-bit codes with those int8 codes — ``vpdpbusd`` with AVX-512 VNNI; ``vpmaddubsw``, whose
 int16 pair sums (at most 2 · 15 · 127) cannot saturate, with AVX2 — over 16 weight rows
-interleaved in the lanes of a vector, so no horizontal sums are needed.
+interleaved in the lanes of a vector, so no horizontal sums are needed. With AVX-512 VNNI
+two adjacent blocks of 16 rows share each broadcast of x for passes of two rows or more.
 
-The activations' rounding makes its outputs differ from torch's kernel by about 1% of
-their scale, which is why only the draft runs it: a drafted token's q is the distribution
-the draft computed, however it was computed; the target's p never comes from it.
+Every row is rounded and summed alone, in the same order whatever the pass: passes longer
+than :data:`TILE_ROWS` rows run in tiles of equal rows, and a row's result is bit for bit
+what it is in a pass of its own. That is what lets a target run int4 (a verification pass
+scores its tokens as passes of one token would). The activations' rounding makes the
+outputs differ from torch's kernel by about 1% of their scale; torch's kernel rounds as the
+pass decides, so a target never runs it.
 
 The C source is compiled once per machine (about a second) into verispec's cache directory
 and linked against the OpenMP runtime torch itself loads, so its threads are torch's. Where
@@ -32,12 +36,12 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["GROUP", "ISAS", "LANES", "MAX_ROWS", "available", "isa", "matmul", "pack", "status"]
+__all__ = ["GROUP", "ISAS", "LANES", "TILE_ROWS", "available", "isa", "matmul", "pack", "status"]
 
 SOURCE = Path(__file__).with_name("csrc") / "int4_gemv.c"
 GROUP = 64  # input channels per scale (the C source's VS_GROUP)
 LANES = 16  # weight rows interleaved per block (VS_LANES)
-MAX_ROWS = 8  # the most rows of x one call takes (VS_MAX_ROWS); longer passes run torch's
+TILE_ROWS = 8  # rows of x per tile (VS_TILE_ROWS); longer passes run in tiles of equal rows
 ISAS = {1: "avx2", 2: "avx512-vnni"}  # the C source's VS_ISA_* codes
 FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall")
 
@@ -56,8 +60,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
                                ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                ctypes.c_int, ctypes.c_int]
-    constants = (lib.vs_int4_group(), lib.vs_int4_lanes(), lib.vs_int4_max_rows())
-    if constants != (GROUP, LANES, MAX_ROWS):
+    constants = (lib.vs_int4_group(), lib.vs_int4_lanes(), lib.vs_int4_tile_rows())
+    if constants != (GROUP, LANES, TILE_ROWS):
         return None, f"torch's int4 kernel (verispec's library has constants {constants})"
     best = lib.vs_int4_isa()
     if best not in ISAS:
@@ -83,7 +87,7 @@ def available() -> bool:
 
 
 def status() -> str:
-    """Which int4 kernel the draft's steps of up to :data:`MAX_ROWS` rows run, in words."""
+    """Which int4 kernel int4 layers run, in words."""
     return _load()[1]
 
 
@@ -123,7 +127,8 @@ def pack(codes: Tensor, scale: Tensor, lo: Tensor) -> tuple[Tensor, Tensor, Tens
 def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None = None,
            residual: Tensor | None = None, norm: Tensor | None = None, eps: float = 1e-6, *,
            use_isa: int | None = None) -> Tensor:
-    """x [M, K] float32 (M ≤ :data:`MAX_ROWS`) -> [M, N]: u Wᵀ (+ bias) (+ residual), W from
+    """x [M, K] float32 (any M; each row's result is what it would be alone, bit for bit)
+    -> [M, N]: u Wᵀ (+ bias) (+ residual), W from
     :func:`pack`'s ``packed``, u = x, or with ``norm`` [K] float32 its RMSNorm
     x / sqrt(mean(x²) + eps) ⊙ norm. ``use_isa``: an entry of :data:`ISAS` (default: the
     best here); one this CPU lacks is refused with a ValueError, not emulated."""

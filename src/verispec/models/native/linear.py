@@ -372,13 +372,13 @@ class Int4Linear:
     """Weight-only int4 (x86 CPU): y = x @ Ŵ^T + b, where Ŵ = code · s + lo per group of 64
     (or 32) input channels (code in 0..15).
 
-    Passes of up to :data:`~verispec.models.native.int4_kernel.MAX_ROWS` rows run verispec's
-    own kernel where it is available (:mod:`~verispec.models.native.int4_kernel`: int8
-    activations per group of 64 channels, exact integer dot products), longer passes and
-    every pass elsewhere torch's (bfloat16 activations). Either way the rounding depends on
-    how many rows a pass holds and which kernel ran it, so int4 is for the **draft** only: a
-    drafted token's q is the distribution computed in the pass that drew it, whatever the
-    pass, while the target's distribution must not depend on the pass.
+    Every pass runs verispec's own kernel where it is available and the layer fits it
+    (:mod:`~verispec.models.native.int4_kernel`: int8 activations per group of 64 channels
+    of each row, exact integer dot products; a row's result never depends on the pass), and
+    torch's elsewhere (bfloat16 activations, rounded as the pass decides). A target runs
+    int4 only on verispec's kernel (:func:`~verispec.models.native.load_native`'s
+    ``exact_passes``); a draft may run either, since a drafted token's q is the
+    distribution computed in the pass that drew it.
     """
 
     def __init__(self, packed: Tensor, scales: Tensor, group: int, bias: Tensor | None,
@@ -438,7 +438,7 @@ class Int4Linear:
 
     def _own_kernel(self, x: Tensor) -> bool:
         """Whether verispec's kernel runs this pass (x [M, K] on the CPU)."""
-        return (self.lanes is not None and x.shape[0] <= int4_kernel.MAX_ROWS
+        return (self.lanes is not None
                 and x.device.type == "cpu" and int4_kernel.available())
 
     def _linear(self, x: Tensor) -> Tensor:

@@ -44,9 +44,10 @@ from verispec.models.slots import SlotCache
 __all__ = ["NativeCausalLM"]
 
 #: Passes over at least this many token rows (rows × tokens) run on ``prefill_net`` when a
-#: model has one and torch's int4 kernel runs its passes: an int4 draft step costs 23 ms at
+#: model has one, does not keep ``exact_passes`` (a draft) and torch's int4 kernel runs its
+#: passes: an int4 draft step costs 23 ms at
 #: 1 row and 47 ms at 4, its int8 form 32 and 39 ms (0.5B draft, 2-core AVX-512 VNNI Xeon).
-#: verispec's own int4 kernel takes passes of up to ``int4_kernel.MAX_ROWS`` rows (16.4 ms
+#: verispec's own int4 kernel runs passes of up to ``int4_kernel.TILE_ROWS`` rows in one tile (16.4 ms
 #: at 1, 21.5 at 4, 27.7 at 8 there, against the int8 form's 39.2 and 44.8 at 4 and 8), so
 #: where it runs only longer passes go to the int8 form.
 PREFILL_ROWS = 4
@@ -54,9 +55,9 @@ PREFILL_ROWS = 4
 
 def prefill_rows() -> int:
     """The fewest token rows of a pass that an int4 draft runs on its int8 form."""
-    from verispec.models.native.int4_kernel import MAX_ROWS, available
+    from verispec.models.native.int4_kernel import TILE_ROWS, available
 
-    return MAX_ROWS + 1 if available() else PREFILL_ROWS
+    return TILE_ROWS + 1 if available() else PREFILL_ROWS
 
 
 class NativeCausalLM(CausalLM):
@@ -66,7 +67,7 @@ class NativeCausalLM(CausalLM):
                  eos_token_ids: frozenset[int] = frozenset(), max_length: int | None = None,
                  precision: str = "float32", source: str | None = None,
                  prefill_net: Transformer | None = None, vocabulary: int | None = None,
-                 online_rotations: bool = True) -> None:
+                 online_rotations: bool = True, exact_passes: bool = False) -> None:
         super().__init__()
         self.source = source  # the directory it was loaded from (None: built in memory)
         # ids scored (:func:`verispec.models.native.subset_ids`; None: the whole vocabulary)
@@ -74,10 +75,13 @@ class NativeCausalLM(CausalLM):
         # int8 built with the run-time rotations of ``int8_state`` (what a reload needs)
         self.online_rotations = online_rotations
         self.net = net
-        # reads prompts in ``add_rows`` and runs passes over ≥ prefill_rows() token rows when
-        # set (an int4 draft with its int8 form, whose kernel is faster over many rows); it
-        # writes ``net``'s cache, so it attends in that cache's dtype (its own net object,
-        # never shared with a decoding model)
+        # reads prompts in ``add_rows`` when set (an int4 model with its int8 form, whose
+        # kernel is faster over many rows), and passes over ≥ prefill_rows() token rows
+        # unless ``exact_passes``: a target's tokens must score as one at a time would, so
+        # every pass after the prompt runs ``net`` (a draft's q is whatever its pass
+        # computed). It writes ``net``'s cache, so it attends in that cache's dtype (its own
+        # net object, never shared with a decoding model)
+        self.exact_passes = exact_passes
         if prefill_net is not None:
             prefill_net.attention_dtype = net.attention_dtype
         self.prefill_net = prefill_net
@@ -106,7 +110,7 @@ class NativeCausalLM(CausalLM):
         if self.precision == "int4":  # verispec's own int4 kernel or torch's
             from verispec.models.native.int4_kernel import status
 
-            kernel = f"|int4={status()}"
+            kernel = f"|int4={status()}|exact={int(self.exact_passes)}"
         return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
                 f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"
                 f"|prefill={self.prefill_net is not None}{kernel}")
@@ -119,7 +123,8 @@ class NativeCausalLM(CausalLM):
                               eos_token_ids=self.eos_token_ids, max_length=self.max_length,
                               precision=self.precision, source=self.source,
                               prefill_net=self.prefill_net, vocabulary=self.vocabulary,
-                              online_rotations=self.online_rotations)
+                              online_rotations=self.online_rotations,
+                              exact_passes=self.exact_passes)
 
     @property
     def weights_key(self) -> int:
@@ -184,7 +189,8 @@ class NativeCausalLM(CausalLM):
         padded = [t + [0] * (k - len(t)) for t in tokens]  # filler: token 0
         ids = torch.tensor(padded, dtype=torch.int64, device=self.device)  # [R, k]
         net = self.net
-        if self.prefill_net is not None and len(tokens) * k >= prefill_rows():
+        if (self.prefill_net is not None and not self.exact_passes
+                and len(tokens) * k >= prefill_rows()):
             net = self.prefill_net
         step = net.step(self._lengths, ks, num_logits, self.cache.slots)
         extra = (None if self.context is None

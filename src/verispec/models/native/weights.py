@@ -42,6 +42,7 @@ from verispec.models.native.model import Block, Transformer
 
 __all__ = [
     "CACHE_FILES",
+    "LAYER_LINEARS",
     "build_dense",
     "build_int4",
     "build_int8",
@@ -200,8 +201,8 @@ def _subset_rows(state: dict[str, Tensor]) -> Tensor | None:
 def int4_state(c: NativeConfig, get: Getter, vocabulary: Tensor | None = None,
                ) -> dict[str, Tensor]:
     """Every linear layer (lm_head included: the rows ``vocabulary`` only, when given) as
-    weight-only int4 (:class:`~verispec.models.native.linear.Int4Linear`; a draft-only
-    format), plus the float16 embedding: a flat dict of tensors."""
+    weight-only int4 (:class:`~verispec.models.native.linear.Int4Linear`), plus the float16
+    embedding: a flat dict of tensors."""
     state: dict[str, Tensor] = {}
     for i, t in enumerate(_layer_tensors(c, get)):
         for n in LAYER_LINEARS:

@@ -1,6 +1,6 @@
-/* verispec: a weight-only int4 matmul for a few rows (the draft's steps), x86-64.
+/* verispec: a weight-only int4 matmul for passes of a few rows, x86-64.
  *
- * y[r, n] (+)= sum_k W[n, k] u[r, k] (+ bias[n]) for r < m <= VS_MAX_ROWS (u = x, or x after
+ * y[r, n] (+)= sum_k W[n, k] u[r, k] (+ bias[n]) for r < m (u = x, or x after
  * an RMSNorm with channel weights norm), where per group g
  * of VS_GROUP input channels W[n, k] = code[n, k] * s[n, g] + lo[n, g], code in 0..15.
  *
@@ -8,8 +8,8 @@
  * sum_k code x = a * sum_k code xq is an exact integer dot product of unsigned 4-bit codes and
  * signed 8-bit codes: AVX-512 VNNI (vpdpbusd) accumulates it in int32; AVX2 (vpmaddubsw) adds
  * pairs into int16, at most 2 * 15 * 127 = 3810, so it never saturates. The lo term uses the
- * float sum of the group's x. Only the draft runs this (its q is whatever distribution it
- * computed, so the rounding of x is allowed; the target never runs it).
+ * float sum of the group's x. A row's result never depends on the other rows of the pass
+ * (an int4 target relies on it: a verification pass equals passes of one token).
  *
  * Layout: blocks of VS_LANES = 16 weight rows, each 32-bit lane of a 512-bit vector one row.
  * Block b, group g, step t (0..7) is 64 bytes: lane i, byte j holds code[n, k] (n = 16 b + i)
@@ -24,8 +24,9 @@
 #include <string.h>
 
 #define VS_GROUP 64
-#define VS_MAX_ROWS 8
+#define VS_TILE_ROWS 8 /* rows of x per tile; longer passes run in tiles of equal rows */
 #define VS_LANES 16 /* weight rows interleaved in one block, one per 32-bit lane */
+#define VS_PAIR (2 * VS_LANES) /* weight rows of two adjacent blocks, read side by side */
 #define VS_PREFETCH 4096 /* bytes ahead of the weights being read: fetched to L1 */
 
 enum { VS_ISA_NONE = 0, VS_ISA_AVX2 = 1, VS_ISA_AVX512_VNNI = 2 };
@@ -42,39 +43,67 @@ int vs_int4_isa(void) {
 }
 
 int vs_int4_group(void) { return VS_GROUP; }
-int vs_int4_max_rows(void) { return VS_MAX_ROWS; }
+int vs_int4_tile_rows(void) { return VS_TILE_ROWS; }
 int vs_int4_lanes(void) { return VS_LANES; }
 
 /* x [m, k] -> xq [m, k] int8, xs [m, G] group scales, xsum [m, G] float sums of the groups,
- * of u = x, or with norm [k] of u = rmsnorm(x) = x / sqrt(mean(x^2) + eps) * norm. */
+ * of u = x, or with norm [k] of u = rmsnorm(x) = x / sqrt(mean(x^2) + eps) * norm. Each row
+ * alone, in the same order of operations whatever m is (8 lanes of sums, then a fixed tree). */
+__attribute__((target("avx2,fma")))
+static float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+__attribute__((target("avx2,fma")))
+static float max8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+__attribute__((target("avx2,fma")))
 static void quantize_rows(const float *x, int64_t m, int64_t k, const float *norm, float eps,
                           int8_t *xq, float *xs, float *xsum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f),
+                 hi = _mm256_set1_ps(127.0f);
     int64_t groups = k / VS_GROUP;
     for (int64_t r = 0; r < m; r++) {
         const float *row = x + r * k;
-        float rms = 1.0f;
+        __m256 rms = _mm256_set1_ps(1.0f);
         if (norm) {
-            float ss = 0.0f;
-            for (int64_t i = 0; i < k; i++) ss += row[i] * row[i];
-            rms = 1.0f / sqrtf(ss / (float)k + eps);
+            __m256 ss = _mm256_setzero_ps();
+            for (int64_t i = 0; i < k; i += 8) {
+                __m256 v = _mm256_loadu_ps(row + i);
+                ss = _mm256_fmadd_ps(v, v, ss);
+            }
+            rms = _mm256_set1_ps(1.0f / sqrtf(sum8(ss) / (float)k + eps));
         }
         for (int64_t g = 0; g < groups; g++) {
-            float v[VS_GROUP];
-            int8_t *q = xq + r * k + g * VS_GROUP;
-            float amax = 0.0f, sum = 0.0f;
-            for (int i = 0; i < VS_GROUP; i++) {
-                int64_t c = g * VS_GROUP + i;
-                v[i] = norm ? row[c] * rms * norm[c] : row[c];
-                float a = fabsf(v[i]);
-                amax = a > amax ? a : amax;
-                sum += v[i];
+            __m256 v[VS_GROUP / 8];
+            __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+            for (int i = 0; i < VS_GROUP / 8; i++) {
+                int64_t c = g * VS_GROUP + 8 * i;
+                v[i] = _mm256_loadu_ps(row + c);
+                if (norm) v[i] = _mm256_mul_ps(_mm256_mul_ps(v[i], rms), _mm256_loadu_ps(norm + c));
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+                sum = _mm256_add_ps(sum, v[i]);
             }
-            float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            /* clamped, so that a non-finite input still converts to a defined code */
-            for (int i = 0; i < VS_GROUP; i++)
-                q[i] = (int8_t)nearbyintf(fminf(fmaxf(v[i] * inv, -127.0f), 127.0f));
-            xs[r * groups + g] = scale;
-            xsum[r * groups + g] = sum;
+            float a = max8(amax);
+            __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+            int8_t *q = xq + r * k + g * VS_GROUP;
+            for (int i = 0; i < VS_GROUP / 8; i++) {
+                /* clamped (a NaN becomes -127), so every input converts to a defined code;
+                   rounded to nearest even, as nearbyintf */
+                __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[i], inv), lo), hi);
+                __m256i c = _mm256_cvtps_epi32(t);
+                __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c),
+                                            _mm256_extracti128_si256(c, 1));
+                _mm_storel_epi64((__m128i *)(q + 8 * i), _mm_packs_epi16(w, w));
+            }
+            xs[r * groups + g] = a / 127.0f;
+            xsum[r * groups + g] = sum8(sum);
         }
     }
 }
@@ -88,55 +117,68 @@ static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
     return acc;
 }
 
-/* One block of VS_LANES weight rows against the m rows of x: out[r][i] = row n0 + i's dot. */
-/* m is a constant where this is inlined (see block_vnni), so the per-row accumulators
-   live in registers */
+/* nb (1 or 2) adjacent blocks of VS_LANES weight rows against m rows of x: out[r][16 j + i]
+ * (+)= row n0 + 16 j + i's dot with row r. Each 4 bytes of x broadcast serve both blocks; the
+ * low and high nibbles' products go into one int32 sum per row and block (exact: at most
+ * 64 * 15 * 127 per group). m and nb are constants where this is inlined (see block_vnni),
+ * so the int32 sums live in registers; the float sums stay in out (L1). */
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), always_inline))
-static inline void block_vnni_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
-                                int64_t groups, const int8_t *xq, const float *xs,
-                                const float *xsum, const int m, int64_t k,
-                                float out[][VS_LANES]) {
+static inline void block_vnni_m(const uint8_t *w, int64_t bstride, const uint16_t *ws,
+                                const uint16_t *wlo, int64_t groups, const int8_t *xq,
+                                const float *xs, const float *xsum, const int m, const int nb,
+                                int64_t k, float out[][VS_PAIR]) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    __m512 acc[VS_MAX_ROWS];
-    for (int r = 0; r < m; r++) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < m; r++)
+        for (int j = 0; j < nb; j++) _mm512_storeu_ps(out[r] + VS_LANES * j, _mm512_setzero_ps());
     for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *wg = w + g * VS_GROUP * VS_LANES / 2;
-        __m512i dot[VS_MAX_ROWS][2];
+        __m512i dot[VS_TILE_ROWS][2];
         for (int r = 0; r < m; r++)
-            dot[r][0] = dot[r][1] = _mm512_setzero_si512();
+            for (int j = 0; j < nb; j++) dot[r][j] = _mm512_setzero_si512();
         for (int t = 0; t < VS_GROUP / 8; t++) {
-            __m512i packed = _mm512_loadu_si512((const void *)(wg + t * 64));
-            _mm_prefetch((const char *)(wg + t * 64 + VS_PREFETCH), _MM_HINT_T0);
-            __m512i lo = _mm512_and_si512(packed, mask);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
+            __m512i lo[2], hi[2];
+            for (int j = 0; j < nb; j++) {
+                const uint8_t *wt = w + j * bstride + (g * VS_GROUP / 8 + t) * 64;
+                __m512i packed = _mm512_loadu_si512((const void *)wt);
+                _mm_prefetch((const char *)(wt + VS_PREFETCH), _MM_HINT_T0);
+                lo[j] = _mm512_and_si512(packed, mask);
+                hi[j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
+            }
             for (int r = 0; r < m; r++) {
                 const int8_t *xg = xq + r * k + g * VS_GROUP;
                 int32_t a, b;
                 memcpy(&a, xg + 4 * t, 4);
                 memcpy(&b, xg + 4 * t + VS_GROUP / 2, 4);
-                dot[r][0] = dpbusd(dot[r][0], lo, _mm512_set1_epi32(a));
-                dot[r][1] = dpbusd(dot[r][1], hi, _mm512_set1_epi32(b));
+                __m512i xa = _mm512_set1_epi32(a), xb = _mm512_set1_epi32(b);
+                for (int j = 0; j < nb; j++)
+                    dot[r][j] = dpbusd(dpbusd(dot[r][j], lo[j], xa), hi[j], xb);
             }
         }
-        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws + g * VS_LANES)));
-        __m512 l = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wlo + g * VS_LANES)));
-        for (int r = 0; r < m; r++) {
-            __m512 d = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[r][0], dot[r][1]));
-            acc[r] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(xs[r * groups + g])),
-                                     acc[r]);
-            acc[r] = _mm512_fmadd_ps(l, _mm512_set1_ps(xsum[r * groups + g]), acc[r]);
+        for (int j = 0; j < nb; j++) {
+            const int64_t at = j * VS_LANES * groups + g * VS_LANES;
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws + at)));
+            __m512 l = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wlo + at)));
+            for (int r = 0; r < m; r++) {
+                __m512 acc = _mm512_loadu_ps(out[r] + VS_LANES * j);
+                __m512 d = _mm512_cvtepi32_ps(dot[r][j]);
+                acc = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(xs[r * groups + g])),
+                                      acc);
+                acc = _mm512_fmadd_ps(l, _mm512_set1_ps(xsum[r * groups + g]), acc);
+                _mm512_storeu_ps(out[r] + VS_LANES * j, acc);
+            }
         }
     }
-    for (int r = 0; r < m; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma")))
-static void block_vnni(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
-                       int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
-                       int64_t m, int64_t k, float out[][VS_LANES]) {
-    switch (m) {
-#define VS_CASE(M) \
-    case M: block_vnni_m(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
+static void block_vnni(const uint8_t *w, int64_t bstride, const uint16_t *ws,
+                       const uint16_t *wlo, int64_t groups, const int8_t *xq, const float *xs,
+                       const float *xsum, int64_t m, int nb, int64_t k, float out[][VS_PAIR]) {
+    switch (m * 2 + nb - 1) {
+#define VS_CASE(M)                                                                          \
+    case 2 * M:                                                                             \
+        block_vnni_m(w, bstride, ws, wlo, groups, xq, xs, xsum, M, 1, k, out); break;       \
+    case 2 * M + 1:                                                                         \
+        block_vnni_m(w, bstride, ws, wlo, groups, xq, xs, xsum, M, 2, k, out); break;
         VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
 #undef VS_CASE
     }
@@ -148,16 +190,16 @@ __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                                 int64_t groups, const int8_t *xq, const float *xs,
                                 const float *xsum, const int m, int64_t k,
-                                float out[][VS_LANES]) {
+                                float out[][VS_PAIR]) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) { /* lanes 0..7, then 8..15 */
-        __m256 acc[VS_MAX_ROWS];
+        __m256 acc[VS_TILE_ROWS];
         for (int r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
             const uint8_t *wg = w + g * VS_GROUP * VS_LANES / 2 + half * 32;
             /* int16 sums of 8 products pairs each: |.| <= 8 * 2 * 15 * 127 = 30480 */
-            __m256i dot[VS_MAX_ROWS][2];
+            __m256i dot[VS_TILE_ROWS][2];
             for (int r = 0; r < m; r++)
                 dot[r][0] = dot[r][1] = _mm256_setzero_si256();
             for (int t = 0; t < VS_GROUP / 8; t++) {
@@ -196,7 +238,7 @@ static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint
 __attribute__((target("avx2,fma,f16c")))
 static void block_avx2(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                        int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
-                       int64_t m, int64_t k, float out[][VS_LANES]) {
+                       int64_t m, int64_t k, float out[][VS_PAIR]) {
     switch (m) {
 #define VS_CASE(M) \
     case M: block_avx2_m(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
@@ -205,12 +247,15 @@ static void block_avx2(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo
     }
 }
 
-/* y [m, n] (+)= u W^T (+ bias), y contiguous, u = x [m, k] or its RMSNorm with weights norm. Returns 0; -1 for arguments it does not
- * take (the caller checks them first), -2 where its scratch cannot be allocated. */
+/* y [m, n] (+)= u W^T (+ bias), y contiguous, u = x [m, k] or its RMSNorm with weights
+ * norm. Any m >= 1: rows run in tiles of at most VS_TILE_ROWS, and a row's result does not
+ * depend on m, on its tile or on the threads (every row's sums run the same operations in
+ * the same order). Returns 0; -1 for arguments it does not take (the caller checks them
+ * first), -2 where its scratch cannot be allocated. */
 int vs_int4_mm(const float *x, int64_t m, int64_t k, const float *norm, float eps,
                const uint8_t *w, const uint16_t *ws, const uint16_t *wlo, int64_t n,
                const float *bias, float *y, int accumulate, int isa, int threads) {
-    if (m < 1 || m > VS_MAX_ROWS || k % VS_GROUP != 0 || n % VS_LANES != 0 ||
+    if (m < 1 || k < VS_GROUP || k % VS_GROUP != 0 || n % VS_LANES != 0 ||
         isa < VS_ISA_AVX2 || isa > vs_int4_isa() || threads < 1)
         return -1;
     int64_t groups = k / VS_GROUP;
@@ -220,22 +265,35 @@ int vs_int4_mm(const float *x, int64_t m, int64_t k, const float *norm, float ep
     float *xs = (float *)(xq + codes);
     float *xsum = xs + m * groups;
     quantize_rows(x, m, k, norm, eps, xq, xs, xsum);
-    int64_t blocks = n / VS_LANES;
+    int64_t blocks = n / VS_LANES, pairs = (blocks + 1) / 2;
+    int64_t tiles = (m + VS_TILE_ROWS - 1) / VS_TILE_ROWS, rows = (m + tiles - 1) / tiles;
+    int64_t bstride = VS_LANES * (k / 2);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t b = 0; b < blocks; b++) {
-        float out[VS_MAX_ROWS][VS_LANES];
-        const uint8_t *wb = w + b * VS_LANES * (k / 2);
-        const uint16_t *sb = ws + b * VS_LANES * groups, *lb = wlo + b * VS_LANES * groups;
-        if (isa == VS_ISA_AVX512_VNNI)
-            block_vnni(wb, sb, lb, groups, xq, xs, xsum, m, k, out);
-        else
-            block_avx2(wb, sb, lb, groups, xq, xs, xsum, m, k, out);
-        for (int r = 0; r < m; r++) {
-            float *yr = y + r * n + b * VS_LANES;
-            for (int i = 0; i < VS_LANES; i++) {
-                float t = out[r][i];
-                if (bias) t += bias[b * VS_LANES + i];
-                yr[i] = accumulate ? yr[i] + t : t;
+    for (int64_t p = 0; p < pairs; p++) {
+        float out[VS_TILE_ROWS][VS_PAIR];
+        int64_t b = 2 * p;
+        int nb = (isa == VS_ISA_AVX512_VNNI && m >= 2 && b + 1 < blocks) ? 2 : 1;
+        for (int64_t r0 = 0; r0 < m; r0 += rows) {
+            int64_t mt = m - r0 < rows ? m - r0 : rows;
+            const int8_t *xt = xq + r0 * k;
+            const float *st = xs + r0 * groups, *sumt = xsum + r0 * groups;
+            for (int j = 0; j < 2 && b + j < blocks; j += nb) {
+                const uint8_t *wb = w + (b + j) * bstride;
+                const uint16_t *sb = ws + (b + j) * VS_LANES * groups,
+                               *lb = wlo + (b + j) * VS_LANES * groups;
+                if (isa == VS_ISA_AVX512_VNNI)
+                    block_vnni(wb, bstride, sb, lb, groups, xt, st, sumt, mt, nb, k, out);
+                else
+                    block_avx2(wb, sb, lb, groups, xt, st, sumt, mt, k, out);
+                int64_t width = nb * VS_LANES, n0 = (b + j) * VS_LANES;
+                for (int64_t r = 0; r < mt; r++) {
+                    float *yr = y + (r0 + r) * n + n0;
+                    for (int64_t i = 0; i < width; i++) {
+                        float t = out[r][i];
+                        if (bias) t += bias[n0 + i];
+                        yr[i] = accumulate ? yr[i] + t : t;
+                    }
+                }
             }
         }
     }
