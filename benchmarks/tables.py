@@ -213,6 +213,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("lawtest.json", "two-sample law test", "python -m verispec.bench.lawtest --report {}",
          _lawtest),
     Kind("int8-fidelity*.json", "int8 fidelity (KL against float32)", "", _fidelity),
+    Kind("int4-fidelity*.json", "int4 fidelity (KL against float32)", "", _fidelity),
     Kind("serve-*.json", "verispec bench serve report",
          "python -m verispec.bench.serve_report OUT.json {}", _serve),
     Kind("pearl-bench.json", "PEARL benchmark", "python -m verispec.bench.pearl --report {}",

@@ -7,7 +7,9 @@ attended, V the vocabulary.
 
 Each layer runs four matmuls: fused q/k/v (with the RMSNorm in front), o_proj added to the
 residual, fused gate/up (with its RMSNorm), down_proj added to the residual. Attention is
-``scaled_dot_product_attention`` with an explicit mask by position, and grouped
+``scaled_dot_product_attention`` with an explicit mask by position (for the quantized
+models' float64 cache on an x86-64 CPU, verispec's own kernel,
+:mod:`~verispec.models.native.attention_kernel`), and grouped
 query heads are folded into the query length (each key/value head serves G·k query rows),
 so keys and values are never repeated. A pass reads the cache tensors [P, Hkv, L, D]
 directly: its rows may sit in any slots (:class:`~verispec.models.slots.Layout`); the
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from verispec.models.native import attention_kernel
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
 from verispec.models.native.retime import LibraryClock
@@ -56,6 +59,7 @@ class Step:
     # (None: every query sees every position < S)
     pick: Tensor | None  # [R n] flat indices of the hidden states whose logits are wanted
     layout: Layout  # the slot of each row in the cache tensors
+    last: Tensor  # [R, k] int64: the last position each token attends
 
 
 class Transformer:
@@ -127,6 +131,7 @@ class Transformer:
             pos = torch.arange(lengths[0], lengths[0] + k, device=dev)  # [k]
             cos_t, sin_t = cos[pos][None, :, None], sin[pos][None, :, None]  # [1, k, 1, D]
             start, positions = lengths[0], None
+            last = pos[None].expand(rows, k).contiguous()  # [R, k]
             mask = None
             if k > 1:
                 allowed = torch.arange(span, device=dev)[None, :] <= pos[:, None]  # [k, S]
@@ -135,7 +140,7 @@ class Transformer:
             base = torch.tensor(lengths, dtype=torch.int64, device=dev)  # [R]
             positions = base[:, None] + torch.arange(k, device=dev)  # [R, k]
             cos_t, sin_t = cos[positions][:, :, None], sin[positions][:, :, None]  # [R, k, 1, D]
-            start = None
+            start, last = None, positions
             allowed = (torch.arange(span, device=dev)[None, None, :]
                        <= positions[:, :, None])  # [R, k, S]
             mask = self.additive_mask(allowed.repeat(1, g, 1)[:, None])  # [R, 1, G k, S]
@@ -146,7 +151,7 @@ class Transformer:
                     for kb in ks]
             pick = torch.tensor([[b * k + c for c in row] for b, row in enumerate(cols)],
                                 dtype=torch.int64, device=dev).view(-1)  # [R n]
-        return Step(cos_t, sin_t, start, positions, span, mask, pick, layout)
+        return Step(cos_t, sin_t, start, positions, span, mask, pick, layout, last)
 
     def forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
                 logits: bool = True, extra: tuple[Tensor, Tensor] | None = None,
@@ -184,10 +189,11 @@ class Transformer:
         The attention kernel's float32 rounding depends on how many queries a pass holds
         (a few ulps). An int8 layer after it rounds its input to 255 levels, and such a
         difference can cross a rounding boundary, so a token's distribution would depend
-        on how many tokens were scored with it. Int8 models therefore attend in float64
-        (their KV cache is float64) and round once to float32: the result is the same for
-        1 or k queries (barring a float32 rounding tie), at a cost that is small next to the
-        weight streaming.
+        on how many tokens were scored with it. Quantized models therefore attend in
+        float64 (their KV cache is float64) and round once to float32: torch's result is the
+        same for 1 or k queries barring a float32 rounding tie, and verispec's attention
+        kernel (:meth:`attend_slots`), which computes each query alone, gives the same bits
+        always.
         """
         out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask)
         return out.to(self.dtype)
@@ -195,6 +201,10 @@ class Transformer:
     def attend_slots(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, step: Step) -> Tensor:
         """:meth:`attend` of q [R, Hkv, G k, D] over the rows' slots of the cache's
         [P, Hkv, L, D] tensors, wherever they are -> [R, Hkv, G k, D].
+
+        A float64 cache on a CPU where verispec's attention kernel runs is read by it
+        (:mod:`~verispec.models.native.attention_kernel`: each query alone, in one fixed
+        order, each row's keys and values where its slot is). Otherwise:
 
         Rows in a run of slots in row order are read as views. Scattered rows: in float64
         (the int8 models) one call per run of consecutive slots, over views, which is exact
@@ -205,6 +215,9 @@ class Transformer:
         reads.
         """
         lay, s, mask = step.layout, step.span, step.mask
+        if attention_kernel.takes(q, cache_k):  # every query alone, each row in its slot
+            return attention_kernel.attend(q, cache_k, cache_v, lay.slots, step.last,
+                                           check=False).to(self.dtype)
         if lay.first is not None or self.attention_dtype != torch.float64:
             return self.attend(q, lay.read(cache_k, s), lay.read(cache_v, s), mask)
         out = torch.empty(q.shape, dtype=self.dtype, device=q.device)  # [R, Hkv, G k, D]

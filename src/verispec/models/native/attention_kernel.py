@@ -1,0 +1,138 @@
+"""verispec's own float64 attention over the slot cache (x86-64), for the quantized models.
+
+An int8 or int4 layer rounds its input to a few hundred levels, so the attention before it
+must give a token the same result however many tokens its pass scores; those models attend
+in float64 (:meth:`~verispec.models.native.model.Transformer.attend`). torch's attention
+reaches that only up to a float32 rounding tie, and over scattered slots it runs one call
+per run of consecutive slots; on the 2-vCPU CPUs measured, its float64 attention took about
+a seventh of an 8-row step of the int8 target. ``csrc/attention.c`` computes every query
+alone in one fixed order (scores, their maximum, the exponentials summed in chunks that
+start at position 0, the values weighted in position order), reading each row's keys and
+values where its slot is: a query's result never depends on the other queries of the pass,
+bit for bit, and no row's cache is gathered.
+
+Built once per machine like the other kernels (:mod:`~verispec.models.native.cbuild`).
+``VERISPEC_ATTENTION``: ``auto`` (AVX-512 where the CPU has it, else AVX2 with FMA),
+``avx2`` (the AVX2 path anywhere, to test it) or ``torch`` (torch's attention).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from verispec.models.native import cbuild
+
+__all__ = ["ATTENTION_ENV", "ISAS", "WIDTH", "available", "attend", "isa", "status", "takes"]
+
+SOURCE = Path(__file__).with_name("csrc") / "attention.c"
+WIDTH = 8  # doubles per vector (VS_W): head dimensions must be a multiple
+MAX_HEAD_DIM = 512  # VS_MAX_D
+ISAS = {1: "avx2", 2: "avx512"}  # the C source's VS_ISA_* codes
+ATTENTION_ENV = "VERISPEC_ATTENTION"
+FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-psabi")
+
+
+def _requested() -> str:
+    value = os.environ.get(ATTENTION_ENV, "auto")
+    if value not in ("auto", "avx2", "torch"):
+        raise ValueError(f"{ATTENTION_ENV} must be auto, avx2 or torch, not {value!r}")
+    return value
+
+
+@cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, which instruction set it runs), or (None, why torch's runs)."""
+    if _requested() == "torch":
+        return None, f"torch's attention ({ATTENTION_ENV}=torch)"
+    lib, why = cbuild.x86_library(SOURCE, "attention", FLAGS)
+    if lib is None:
+        return None, f"torch's attention (verispec's: {why})"
+    lib.vs_attention_isa.restype = ctypes.c_int
+    lib.vs_attend.restype = ctypes.c_int
+    lib.vs_attend.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    if lib.vs_attention_width() != WIDTH:
+        return None, "torch's attention (verispec's library has other constants)"
+    best = lib.vs_attention_isa()
+    if best not in ISAS:
+        return None, "torch's attention (this CPU has neither AVX2 with FMA nor AVX-512)"
+    if _requested() == "avx2":
+        return lib, f"verispec's attention (avx2, as {ATTENTION_ENV}=avx2 asks)"
+    return lib, f"verispec's attention ({ISAS[best]})"
+
+
+def available() -> bool:
+    """verispec's attention runs here."""
+    return _load()[0] is not None
+
+
+def status() -> str:
+    """Which attention the quantized models run, in words."""
+    return _load()[1]
+
+
+@cache
+def isa() -> int:
+    """The instruction set of :data:`ISAS` it runs with here (0: none)."""
+    lib = _load()[0]
+    if lib is None:
+        return 0
+    best = int(lib.vs_attention_isa())
+    return min(best, 1) if _requested() == "avx2" else best
+
+
+def takes(q: Tensor, cache_k: Tensor) -> bool:
+    """Whether :func:`attend` runs these tensors: CPU, a float64 cache, a head dimension it
+    takes, and the kernel built here."""
+    d = q.shape[-1]
+    return (q.device.type == "cpu" and cache_k.dtype == torch.float64
+            and d % WIDTH == 0 and WIDTH <= d <= MAX_HEAD_DIM and available())
+
+
+def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Tensor, *,
+           use_isa: int | None = None, check: bool = True) -> Tensor:
+    """q [R, Hkv, G k, D] (query i of a head is token i % k of its row) over the rows' slots
+    of the cache's float64 [P, Hkv, L, D] keys and values -> [R, Hkv, G k, D] float32.
+
+    ``slots`` [R] int64: each row's slot; ``last`` [R, k] int64: the last position each
+    token attends (< L). ``use_isa``: an entry of :data:`ISAS` (default: the one chosen
+    here); one this CPU lacks is refused with a ValueError, not emulated. ``check=False``
+    skips the checks of slots and positions against the cache (a caller that built them
+    for this cache: the model's passes)."""
+    lib = _load()[0]
+    if lib is None:
+        raise RuntimeError(status())
+    chosen = isa() if use_isa is None else use_isa
+    if use_isa is not None and (chosen not in ISAS or chosen > lib.vs_attention_isa()):
+        raise ValueError(f"instruction set {chosen} is not one this CPU runs the attention "
+                         f"kernel with (best here: {ISAS.get(lib.vs_attention_isa(), 'none')})")
+    rows, heads, group_k, d = q.shape
+    k = last.shape[1]
+    if check and (cache_k.shape != cache_v.shape or cache_k.shape[1] != heads
+                  or cache_k.shape[3] != d or cache_k.dtype != torch.float64
+                  or cache_v.dtype != torch.float64
+                  or not (cache_k.is_contiguous() and cache_v.is_contiguous())
+                  or slots.shape != (rows,) or last.shape[0] != rows
+                  or not 0 <= int(slots.min()) <= int(slots.max()) < cache_k.shape[0]
+                  or int(last.max()) >= cache_k.shape[2] or int(last.min()) < 0):
+        raise ValueError(f"attention of q {tuple(q.shape)} over caches {tuple(cache_k.shape)}"
+                         f" with slots {tuple(slots.shape)} and last {tuple(last.shape)}: "
+                         f"shapes or positions that do not match")
+    q = q.float().contiguous()
+    slots = slots.to(torch.int64).contiguous()
+    last = last.to(torch.int64).contiguous()
+    out = torch.empty(q.shape, dtype=torch.float32)
+    rc = lib.vs_attend(q.data_ptr(), rows, heads, group_k, d, k, cache_k.data_ptr(),
+                       cache_v.data_ptr(), cache_k.stride(0), cache_k.stride(1),
+                       slots.data_ptr(), last.data_ptr(), out.data_ptr(), chosen,
+                       torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"the attention kernel refused q {tuple(q.shape)} (code {rc})")
+    return out
