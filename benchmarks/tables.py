@@ -244,6 +244,8 @@ KINDS: tuple[Kind, ...] = (
                  "kernel and of torch operators", "int8_codes"),
     _script_kind("int8-gemm-*.json", "int8 passes on oneDNN's int8 matmul and on verispec's",
                  "int8_gemm"),
+    _script_kind("attention-*.json", "int8 passes on torch's float64 attention and on "
+                 "verispec's", "attention"),
     _script_kind("thread-pools-*.json", "torch's kernels on a thread whose OpenMP team came "
                  "second", "thread_pools"),
 )

@@ -201,9 +201,9 @@ def test_a_shape_the_grid_underprices_is_learned() -> None:
 
 
 def test_a_noisy_grid_is_made_monotone() -> None:
-    """Timings that say more work is cheaper (a busy moment during the start-up timing) are
-    pooled with their neighbours: the fit is non-decreasing in tokens and in rows, and a
-    monotone grid is left as it is."""
+    """Timings that say more work is cheaper (a busy moment during the start-up timing,
+    which only slows a timing down) give way to the larger pass's time: the fit is
+    non-decreasing in tokens and in rows, and a monotone grid is left as it is."""
     assert LINEAR.monotone() == LINEAR
     noisy = dict(LINEAR.target)
     noisy[(4, 8)] = 0.8 * LINEAR.target[(4, 4)]  # 8 tokens cheaper than 4
@@ -215,10 +215,10 @@ def test_a_noisy_grid_is_made_monotone() -> None:
     for k in KS:
         rs = [r for r in ROWS if (r, k) in fit.target]
         assert all(fit.target[(a, k)] <= fit.target[(b, k)] for a, b in zip(rs, rs[1:]))
-    assert fit.target[(4, 1)] == fit.target[(8, 1)] == pytest.approx(
-        (LINEAR.target[(4, 1)] + noisy[(8, 1)]) / 2)
+    assert fit.target[(4, 1)] == fit.target[(8, 1)] == noisy[(8, 1)]
+    assert fit.target[(4, 8)] == fit.target[(4, 4)] == noisy[(4, 8)]
     assert fit.target[(1, 1)] == LINEAR.target[(1, 1)]
-    assert fit.draft == {1: 0.025, 2: 0.025, 4: 0.04, 8: 0.05}
+    assert fit.draft == {1: 0.02, 2: 0.02, 4: 0.04, 8: 0.05}
 
 
 #: Draft steps that the start-up grid overprices: alone, at the prior α, drafting does not

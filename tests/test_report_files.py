@@ -282,6 +282,20 @@ def test_files_with_renderers_before(tables: ModuleType) -> None:
     assert "| 44.4 | 47.9 | 49.3 | 62.4 | 1.40 |" in steps
 
 
+def test_zen5_int4_target_reports(tables: ModuleType) -> None:
+    fidelity = _render(tables, "int4-fidelity-target-epyc-zen5.json")
+    assert "| int4-fidelity-target-epyc-zen5 | int4 | 12 | 815 | 0.02098 | 0.00892 | 0.494 " \
+        "| 1 of 12 |" in fidelity
+    steps = _render(tables, "step-costs-epyc-zen5-fa92db7.json")
+    assert "| native int4 (verispec's int4 kernel (avx512-vnni)) | 20.5 | 24.8 | 28.0 | 41.5 " \
+        "| 2.02 |" in steps
+    assert "| llama.cpp Q4_K_M | 27.0 | 39.5 | 60.9 | 109.2 | 4.05 |" in steps
+    main = _render(tables, "main-bench-humaneval-epyc-zen5-int4-target-results.jsonl")
+    assert "target int4, draft int4" in main
+    assert "| best lossless verispec config: block γ=auto | best llamacpp-ar config: " \
+        "llamacpp-ar | 20 | 1.77× [1.59, 1.97] | 1.54× [1.40, 1.70] |" in main
+
+
 def test_results_files_render_the_tables_of_their_committed_reports(
         tables: ModuleType) -> None:
     """Every table line of a committed ``X.md`` is in the tables rendered from

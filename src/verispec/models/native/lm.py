@@ -103,7 +103,9 @@ class NativeCausalLM(CausalLM):
 
     @property
     def variant(self) -> str:  # type: ignore[override]
-        """The quantized format's version and options (see :attr:`CausalLM.variant`)."""
+        """The quantized format's version and options, and the kernels that set its pass
+        costs (see :attr:`CausalLM.variant`)."""
+        from verispec.models.native import attention_kernel
         from verispec.models.native.weights import CACHE_VERSIONS
 
         kernel = ""
@@ -111,6 +113,8 @@ class NativeCausalLM(CausalLM):
             from verispec.models.native.int4_kernel import status
 
             kernel = f"|int4={status()}|exact={int(self.exact_passes)}"
+        if self.net.attention_dtype == torch.float64:  # verispec's attention or torch's
+            kernel += f"|attention={attention_kernel.status()}"
         return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
                 f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"
                 f"|prefill={self.prefill_net is not None}{kernel}")
