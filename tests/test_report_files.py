@@ -249,6 +249,27 @@ def test_zen5_own_int8_matmul_server_report_and_the_peer_ratios(tables: ModuleTy
         assert line in _render(tables, name), name
 
 
+def test_zen5_attention_kernel_server_report_and_the_peer_ratios(tables: ModuleType,
+                                                                 tmp_path: Path) -> None:
+    serve = _render(tables, "serve-gamma-auto-epyc-zen5-19fa458.json")
+    for line in ("| 0 | 1 | block γ=auto | block γ=8 | 0.912× [0.860, 0.966] | 0.607× [0.333,",
+                 "| 1 | 4 | block γ=auto | ar | 0.915× [0.867, 0.966] |"):
+        assert line in serve, line
+    ratios = _peer_ratios(tmp_path, "serve-gamma-auto-epyc-zen5-19fa458.json",
+                          "epyc-zen5-beside-19fa458.json")
+    assert ratios == {(0.0, 1): 2.117, (0.0, 2): 1.78, (0.0, 4): 1.508, (0.0, 8): 1.531,
+                      (0.0, 16): 1.513, (1.0, 1): 2.181, (1.0, 2): 1.853, (1.0, 4): 1.658,
+                      (1.0, 8): 1.604, (1.0, 16): 1.593}
+    envelope = _render(tables, "serve-gamma-auto-epyc-zen5-43cf6af.json")
+    for line in ("| 0 | 1 | block γ=auto | block γ=8 | 0.962× [0.873, 1.059] | 0.588× [0.469,",
+                 "| 1 | 1 | block γ=auto | block γ=8 | 1.062× [0.938, 1.201] | 0.673× [0.544,",
+                 "| 1 | 4 | block γ=auto | ar | 0.969× [0.678, 1.384] |"):
+        assert line in envelope, line
+    attention = _render(tables, "attention-epyc-zen5.json")
+    assert "| 8 × 1 | 50.7 | 47.2 | 1.092× [1.041, 1.187] |" in attention
+    assert "| 16 × 1 | 72.9 | 63.0 | 1.163× [1.110, 1.240] |" in attention
+
+
 def test_files_with_renderers_before(tables: ModuleType) -> None:
     steps = _render(tables, "step-costs-xeon-vnni.json")
     assert "| native int8 | 77.7 | 87.8 | 95.2 | 119.9 | 1.54 |" in steps
