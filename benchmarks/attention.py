@@ -28,13 +28,7 @@ CLOSE = 1e-4  # relative to the logits' scale
 
 def _close_logits(target: CausalLM, use: Callable[[str], None]) -> None:
     """Raise unless both attentions give logits within :data:`CLOSE` of each other."""
-    ids = [[100 + 7 * i + j for j in range(5)] for i in range(3)]
-    out = {}
-    for path in PATHS:
-        use(path)
-        model = target.spawn()
-        model.add_rows([[11, 12, 13]] * 3)
-        out[path] = model.extend(ids, check=False)  # [3, 5, V]
+    out = int8_passes.logits_by_path(target, PATHS, use)
     a, b = out[PATHS[0]], out[PATHS[1]]
     if float((a - b).abs().max()) > CLOSE * float(a.abs().max()):
         raise SystemExit("the two attentions' logits differ by more than float rounding")

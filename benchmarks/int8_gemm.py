@@ -31,13 +31,7 @@ PASSES = (*int8_passes.PASSES, (16, 1), (2, 9))
 
 def _same_logits(target: CausalLM, use: Callable[[str], None]) -> None:
     """Raise unless both libraries give the same logits bit for bit on 3 rows × 5 tokens."""
-    ids = [[100 + 7 * i + j for j in range(5)] for i in range(3)]
-    out = {}
-    for path in PATHS:
-        use(path)
-        model = target.spawn()
-        model.add_rows([[11, 12, 13]] * 3)
-        out[path] = model.extend(ids, check=False)  # [3, 5, V]
+    out = int8_passes.logits_by_path(target, PATHS, use)
     if not torch.equal(out[PATHS[0]], out[PATHS[1]]):
         raise SystemExit("the two libraries' logits differ")
 

@@ -67,6 +67,20 @@ def alternate(target: CausalLM, paths: Sequence[str], use: Callable[[str], None]
     return times
 
 
+def logits_by_path(target: CausalLM, paths: Sequence[str],
+                   use: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """{path: logits [3, 5, V]} of the same 3 rows × 5 tokens (after a 3-token prompt each)
+    on each of ``paths`` (``use(path)`` sets one up): what a script compares before timing."""
+    ids = [[100 + 7 * i + j for j in range(5)] for i in range(3)]
+    out = {}
+    for path in paths:
+        use(path)
+        model = target.spawn()
+        model.add_rows([[11, 12, 13]] * 3)
+        out[path] = model.extend(ids, check=False)  # [3, 5, V]
+    return out
+
+
 def header() -> dict[str, Any]:
     """The machine, torch and its threads, for a results file."""
     return {"machine": machine_description(), "torch": torch.__version__,

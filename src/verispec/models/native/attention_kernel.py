@@ -81,11 +81,7 @@ def status() -> str:
 @cache
 def isa() -> int:
     """The instruction set of :data:`ISAS` it runs with here (0: none)."""
-    lib = _load()[0]
-    if lib is None:
-        return 0
-    best = int(lib.vs_attention_isa())
-    return min(best, 1) if _requested() == "avx2" else best
+    return cbuild.chosen_isa(_load()[0], "vs_attention_isa", _requested() == "avx2")
 
 
 def takes(q: Tensor, cache_k: Tensor) -> bool:

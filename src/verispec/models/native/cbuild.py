@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BUILD_SECONDS", "build", "compiler", "unbuildable", "x86_library"]
+__all__ = ["BUILD_SECONDS", "build", "chosen_isa", "compiler", "unbuildable", "x86_library"]
 
 BUILD_SECONDS = 120
 
@@ -88,3 +88,12 @@ def x86_library(source: Path, stem: str, flags: Sequence[str]) -> tuple[ctypes.C
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         return None, f"it did not build: {detail.strip()[:300]}"
+
+
+def chosen_isa(lib: ctypes.CDLL | None, best: str, avx2_asked: bool) -> int:
+    """The instruction set a kernel's library runs with: the best its C function ``best``
+    reports for this CPU, or 1 (its AVX2 path) where ``avx2_asked``; 0 without a library."""
+    if lib is None:
+        return 0
+    level = int(getattr(lib, best)())
+    return min(level, 1) if avx2_asked else level

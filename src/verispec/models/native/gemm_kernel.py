@@ -92,11 +92,7 @@ def status() -> str:
 @cache
 def isa() -> int:
     """The instruction set of :data:`ISAS` it runs with (0: not offered)."""
-    lib = _load()[0]
-    if lib is None:
-        return 0
-    best = int(lib.vs_gemm_isa())
-    return min(best, 1) if _requested() == "avx2" else best
+    return cbuild.chosen_isa(_load()[0], "vs_gemm_isa", _requested() == "avx2")
 
 
 def identity() -> str:

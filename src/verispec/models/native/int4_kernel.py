@@ -95,11 +95,7 @@ def status() -> str:
 def isa() -> int:
     """The instruction set of :data:`ISAS` the kernel runs with here (0: none): the best
     this CPU has, or AVX2 where ``VERISPEC_INT4_KERNEL=avx2`` asks."""
-    lib = _load()[0]
-    if lib is None:
-        return 0
-    best = int(lib.vs_int4_isa())
-    return min(best, 1) if _requested() == "avx2" else best
+    return cbuild.chosen_isa(_load()[0], "vs_int4_isa", _requested() == "avx2")
 
 
 def pack(codes: Tensor, scale: Tensor, lo: Tensor) -> tuple[Tensor, Tensor, Tensor]:
