@@ -105,7 +105,7 @@ class NativeCausalLM(CausalLM):
     def variant(self) -> str:  # type: ignore[override]
         """The quantized format's version and options, and the kernels that set its pass
         costs (see :attr:`CausalLM.variant`)."""
-        from verispec.models.native import attention_kernel
+        import verispec.models.native.attention_kernel as attention_kernel
         from verispec.models.native.weights import CACHE_VERSIONS
 
         kernel = ""

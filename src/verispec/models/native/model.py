@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from verispec.models.native import attention_kernel
+import verispec.models.native.attention_kernel as attention_kernel
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
 from verispec.models.native.retime import LibraryClock
