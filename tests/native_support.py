@@ -87,6 +87,15 @@ def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
     assert err <= rel * float(b.abs().max()), f"max abs error {err}"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's flags as Linux lists them (empty where /proc/cpuinfo has none)."""
+    info = Path("/proc/cpuinfo")
+    for line in (info.read_text().splitlines() if info.exists() else []):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def kernel_status_in_a_process(module: str, env: dict[str, str]) -> str:
     """What ``verispec.models.native.<module>``'s ``available()`` and ``status()`` print in a
     fresh Python with ``env`` added (a kernel is chosen once per process)."""

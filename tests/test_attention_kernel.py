@@ -4,12 +4,13 @@ those it does not, and torch's attention where asked."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 
 import pytest
 import torch
-from native_support import kernel_status_in_a_process
+from native_support import cpu_flags, kernel_status_in_a_process
 
 from verispec.models.native import attention_kernel
 
@@ -18,9 +19,18 @@ pytestmark = pytest.mark.skipif(not (X86 and attention_kernel.available()),
                                 reason=f"x86-64 with the kernel built only "
                                        f"({attention_kernel.status()})")
 
-BEST = attention_kernel.isa() if attention_kernel.available() else 0
+FLAGS = cpu_flags()
+BEST = 2 if "avx512f" in FLAGS else 1 if {"avx2", "fma"} <= FLAGS else 0  # the CPU's flags
 RUNS = [i for i in attention_kernel.ISAS if i <= BEST]  # what this CPU may use
 REFUSED = [i for i in (1, 2, 3) if i not in RUNS]  # what it must refuse
+
+
+def test_the_kernel_runs_what_this_cpu_has() -> None:
+    """Its best instruction set is the one the CPU's flags promise (AVX-512, else AVX2 with
+    FMA), or AVX2 where ``VERISPEC_ATTENTION=avx2`` asks."""
+    expected = 1 if os.environ.get(attention_kernel.ATTENTION_ENV) == "avx2" else BEST
+    assert attention_kernel.isa() == expected
+    assert f"({attention_kernel.ISAS[expected]}" in attention_kernel.status()
 
 
 def _cache(slots: int = 5, heads: int = 2, length: int = 40, d: int = 64,
