@@ -265,6 +265,12 @@ def test_zen5_attention_kernel_server_report_and_the_peer_ratios(tables: ModuleT
                  "| 1 | 1 | block γ=auto | block γ=8 | 1.062× [0.938, 1.201] | 0.673× [0.544,",
                  "| 1 | 4 | block γ=auto | ar | 0.969× [0.678, 1.384] |"):
         assert line in envelope, line
+    for name, mean in (("b1", "0.963 (rounds: 0.958, 0.982, 0.949)"),
+                       ("b4", "1.002 (rounds: 0.996, 1.004, 1.006)"),
+                       ("b8", "0.974 (rounds: 0.980, 0.964, 0.977)"),
+                       ("b4-t1", "1.001 (rounds: 0.988, 1.021, 0.994)")):
+        batch = _render(tables, f"batch-gamma-{name}-epyc-zen5-own-kernels.json")
+        assert f"geometric mean {mean}" in batch, name
     attention = _render(tables, "attention-epyc-zen5.json")
     assert "| 8 × 1 | 50.7 | 47.2 | 1.092× [1.041, 1.187] |" in attention
     assert "| 16 × 1 | 72.9 | 63.0 | 1.163× [1.110, 1.240] |" in attention
