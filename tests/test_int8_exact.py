@@ -127,7 +127,8 @@ def test_int4_draft_keeps_the_int8_target_law(pair: tuple[NativeCausalLM, Native
     by its int8 form) leaves the law the int8 target's: q is recorded in the pass that drew
     each draft token."""
     draft = from_hf_module(make_tiny_model(seed=41), TinyTokenizer(), "draft-int4", "int4")
-    assert draft.prefill_net is not None and not draft.exact_passes  # the prompt is read by the int8 form
+    assert draft.prefill_net is not None  # the prompt is read by the int8 form
+    assert not draft.exact_passes
     assert draft.spawn().prefill_net is draft.prefill_net
     law = engine_run_law(pair[0], draft, method, 2)
     assert tv_distance(law, reference) < FLOAT32_ROUNDING

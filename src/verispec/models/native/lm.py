@@ -45,11 +45,11 @@ __all__ = ["NativeCausalLM"]
 
 #: Passes over at least this many token rows (rows × tokens) run on ``prefill_net`` when a
 #: model has one, does not keep ``exact_passes`` (a draft) and torch's int4 kernel runs its
-#: passes: an int4 draft step costs 23 ms at
-#: 1 row and 47 ms at 4, its int8 form 32 and 39 ms (0.5B draft, 2-core AVX-512 VNNI Xeon).
-#: verispec's own int4 kernel runs passes of up to ``int4_kernel.TILE_ROWS`` rows in one tile (16.4 ms
-#: at 1, 21.5 at 4, 27.7 at 8 there, against the int8 form's 39.2 and 44.8 at 4 and 8), so
-#: where it runs only longer passes go to the int8 form.
+#: passes: an int4 draft step costs 23 ms at 1 row and 47 ms at 4, its int8 form 32 and
+#: 39 ms (0.5B draft, 2-core AVX-512 VNNI Xeon). verispec's own int4 kernel runs passes of
+#: up to ``int4_kernel.TILE_ROWS`` rows in one tile (16.4 ms at 1, 21.5 at 4, 27.7 at 8
+#: there, against the int8 form's 39.2 and 44.8 at 4 and 8), so where it runs only longer
+#: passes go to the int8 form.
 PREFILL_ROWS = 4
 
 

@@ -7,9 +7,10 @@
  * the cache [P, Hkv, L, D] (float64). Token j of row r attends positions 0..last[r, j].
  *
  * Every query is computed alone, in one fixed order (the query heads of a token share each
- * load of a key, each with its own sums): its scores in position order, their maximum, exp(score - max) in chunks of VS_W positions (the chunks start at position 0, so
- * they depend on the query's own positions only) summed lane-wise and then by a fixed tree,
- * and the values weighted in position order. So a query's result never depends on the
+ * load of a key, each with its own sums): its scores in position order, their maximum,
+ * exp(score - max) in chunks of VS_W positions (the chunks start at position 0, so they
+ * depend on the query's own positions only) summed lane-wise and then by a fixed tree, and
+ * the values weighted in position order. So a query's result never depends on the
  * other queries, rows, tokens of the pass or on the threads: k tokens scored in one pass
  * get what k passes of one token get, bit for bit. Products and sums run in float64 and
  * the result is rounded to float32 once.
