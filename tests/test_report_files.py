@@ -271,6 +271,11 @@ def test_zen5_attention_kernel_server_report_and_the_peer_ratios(tables: ModuleT
                        ("b4-t1", "1.001 (rounds: 0.988, 1.021, 0.994)")):
         batch = _render(tables, f"batch-gamma-{name}-epyc-zen5-own-kernels.json")
         assert f"geometric mean {mean}" in batch, name
+    main = _render(tables, "main-bench-humaneval-epyc-zen5-ce583e4-results.jsonl")
+    assert "| block γ=auto | llamacpp-ar | 20 | 1.55× [1.47, 1.63] | 1.37× [1.24, 1.52] |" \
+        in main
+    assert "| block γ=auto | llamacpp-ar | 20 | 1.47× [1.33, 1.62] | 1.30× [1.22, 1.39] |" \
+        in main
     attention = _render(tables, "attention-epyc-zen5.json")
     assert "| 8 × 1 | 50.7 | 47.2 | 1.092× [1.041, 1.187] |" in attention
     assert "| 16 × 1 | 72.9 | 63.0 | 1.163× [1.110, 1.240] |" in attention
