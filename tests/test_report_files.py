@@ -31,6 +31,17 @@ def _render(tables: ModuleType, name: str) -> str:
     return text
 
 
+def _assert_kernel_self_tests(tables: ModuleType, cpu: str, chosen: str, machine: str) -> None:
+    """``kernels-CPU.json`` chose ``chosen`` with 8-bit codes exact on ``machine``;
+    ``kernels-CPU-emulated-avx2.json`` refused the saturated 8-bit kernels and chose 7 bits."""
+    kernels = _render(tables, f"kernels-{cpu}.json")
+    assert "| fbgemm | 8 bits | 0 | exact |" in kernels
+    assert f"chosen: {chosen} (" in kernels and machine in kernels
+    capped = _render(tables, f"kernels-{cpu}-emulated-avx2.json")
+    assert "| fbgemm | 8 bits | 0.99 | refused |" in capped
+    assert "chosen: fbgemm+onednn/7 (" in capped
+
+
 def test_every_committed_file_is_known_and_renders(tables: ModuleType,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert tables.check(REPORTS) == []
@@ -300,12 +311,7 @@ def test_files_with_renderers_before(tables: ModuleType) -> None:
     assert "| 8 | 126.4 | 162.2 | 223.4 | 379.8 |  | 34.2 | 62.7 | 1.83 |" in costs
     ray = _render(tables, "ray-overhead-epyc-zen4.jsonl")
     assert "| 3.52, 3.32, 2.73 | 5.92, 5.03, 3.92 | 5.21, 5.02, 4.04 |" in ray
-    kernels = _render(tables, "kernels-epyc-zen5.json")
-    assert "| fbgemm | 8 bits | 0 | exact |" in kernels
-    assert "chosen: fbgemm+onednn/8 (" in kernels and "family 26, model 2" in kernels
-    capped = _render(tables, "kernels-epyc-zen5-emulated-avx2.json")
-    assert "| fbgemm | 8 bits | 0.99 | refused |" in capped
-    assert "chosen: fbgemm+onednn/7 (" in capped
+    _assert_kernel_self_tests(tables, "epyc-zen5", "fbgemm+onednn/8", "family 26, model 2")
     batch = _render(tables, "batch-gamma-b4-epyc-zen5.json")
     assert "geometric mean 0.994 (rounds: 1.007, 0.998, 0.978)" in batch
     batch = _render(tables, "batch-gamma-b1-epyc-zen5.json")
@@ -327,6 +333,31 @@ def test_zen5_int4_target_reports(tables: ModuleType) -> None:
     assert "| best lossless verispec config: block γ=auto | best llamacpp-ar config: " \
         "llamacpp-ar | 20 | 1.77× [1.59, 1.97] | 1.54× [1.40, 1.70] |" in main
 
+
+def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
+    _assert_kernel_self_tests(tables, "epyc-zen4", "verispec+onednn/8", "family 25, model 17")
+    own = "main-bench-humaneval-epyc-zen4-own-kernels-results.jsonl"
+    int4 = "main-bench-humaneval-epyc-zen4-int4-target-results.jsonl"
+    best = "| best lossless verispec config: block γ=auto | best llamacpp-ar config: llamacpp-ar "
+    for name, line in (
+            ("step-costs-epyc-zen4.json", "| native int8 | 74.2 | 82.9 | 82.9 | 114.1 | 1.54 |"),
+            ("step-costs-epyc-zen4.json", "| native int4 (verispec's int4 kernel (avx512-vnni)) "
+             "| 40.3 | 61.2 | 63.1 | 98.3 | 2.44 |"),
+            ("step-costs-epyc-zen4.json",
+             "| llama.cpp Q4_K_M | 40.4 | 74.0 | 122.1 | 239.0 | 5.91 |"),
+            (own, "target int8, draft int4"), (own, "family 25, model 17"),
+            (own, best + "| 20 | 1.29× [1.23, 1.36] | 1.07× [0.97, 1.19] |"),
+            (own, "| block γ=auto | llamacpp-spec[gamma=3,p_min=0.75] γ=3 | 20 "
+             "| 2.18× [1.96, 2.42] | 1.93× [1.78, 2.08] |"),
+            (int4, "target int4, draft int4"),
+            (int4, best + "| 20 | 1.47× [1.30, 1.67] | 1.18× [1.06, 1.31] |"),
+            (int4, "| block γ=auto | best llamacpp-spec config: llamacpp-spec[gamma=3,p_min=0.75] "
+             "γ=3 | 20 | 2.13× [1.91, 2.37] | 1.88× [1.71, 2.06] |"),
+            ("gamma-sweep-humaneval-epyc-zen4-own-kernels-results.jsonl",
+             "| block | 4 ★ | 8 | 0.95× [0.87, 1.05] |"),
+            ("batch-gamma-b1-epyc-zen4.json",
+             "geometric mean 0.989 (rounds: 1.038, 0.916, 1.016)")):
+        assert line in _render(tables, name), (name, line)
 
 def test_results_files_render_the_tables_of_their_committed_reports(
         tables: ModuleType) -> None:
