@@ -141,7 +141,9 @@ def test_a_row_gives_the_same_bits_in_any_pass(use_isa: int) -> None:
     alone = torch.cat([int4_kernel.matmul(x[i: i + 1], packed, bias, norm=norm,
                                           use_isa=use_isa) for i in range(19)])
     before = torch.get_num_threads()
-    for m in (2, 8, 9, 17, 19):  # tiles of 8 and fewer, 5 + 4, 6 + 6 + 5, 7 + 6 + 6
+    # one block at a time (2 rows) and pairs of blocks (AVX-512 VNNI, from 4 rows); tiles
+    # of 8 and fewer, 5 + 4, 6 + 6 + 5, 7 + 6 + 6
+    for m in (2, 8, 9, 17, 19):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             try:
