@@ -339,10 +339,10 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
     best = "| best lossless verispec config: block γ=auto | best llamacpp-ar config: llamacpp-ar "
     expected = {  # file -> lines its rendered tables hold (each file rendered once)
         "step-costs-epyc-zen4.json": (
-            "| native int8 | 74.2 | 82.9 | 82.9 | 114.1 | 1.54 |",
-            "| native int4 (verispec's int4 kernel (avx512-vnni)) | 40.3 | 61.2 | 63.1 | 98.3 "
-            "| 2.44 |",
-            "| llama.cpp Q4_K_M | 40.4 | 74.0 | 122.1 | 239.0 | 5.91 |"),
+            "| native int8 | 44.4 | 46.5 | 50.6 | 71.4 | 1.61 |",
+            "| native int4 (verispec's int4 kernel (avx512-vnni)) | 25.9 | 29.6 | 44.8 | 74.1 "
+            "| 2.86 |",
+            "| llama.cpp Q4_K_M | 33.8 | 49.2 | 80.6 | 181.6 | 5.38 |"),
         "main-bench-humaneval-epyc-zen4-own-kernels-results.jsonl": (
             "target int8, draft int4", "family 25, model 17",
             best + "| 20 | 1.29× [1.23, 1.36] | 1.07× [0.97, 1.19] |",
@@ -354,7 +354,11 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| block γ=auto | best llamacpp-spec config: llamacpp-spec[gamma=3,p_min=0.75] "
             "γ=3 | 20 | 2.13× [1.91, 2.37] | 1.88× [1.71, 2.06] |"),
         "gamma-sweep-humaneval-epyc-zen4-own-kernels-results.jsonl": (
-            "| block | 4 ★ | 8 | 0.95× [0.87, 1.05] |",),
+            "| block | 6 ★ | 20 | 0.97× [0.94, 1.01] |",),
+        "serve-gamma-auto-epyc-zen4.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 0.956× [0.864, 1.057] | 0.599× [0.421, 0.852] |",
+            "| 1 | 1 | block γ=auto | block γ=8 | 1.018× [0.857, 1.209] | 0.706× [0.538, 0.925] |",
+            "| 1 | 16 | block γ=auto | ar | 1.011× [0.971, 1.052] |"),
         "batch-gamma-b1-epyc-zen4.json": ("geometric mean 0.989 (rounds: 1.038, 0.916, 1.016)",),
         "batch-gamma-b4-epyc-zen4.json": ("geometric mean 0.961 (rounds: 0.933, 1.015, 0.936)",),
         "batch-gamma-b8-epyc-zen4.json": ("geometric mean 1.014 (rounds: 0.925, 1.055, 1.069)",),
