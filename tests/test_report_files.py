@@ -194,6 +194,15 @@ def test_zen5_server_reports_and_the_peer_ratios(tables: ModuleType, tmp_path: P
         assert line in _render(tables, name), name
 
 
+def test_zen4_server_peer_ratios(tables: ModuleType, tmp_path: Path) -> None:
+    assert "| 0 | 8 | vllm-plain | 1 | 0 | 18.32 |" in _render(
+        tables, "serve-vllm-float32-probe-epyc-zen4.json")
+    ratios = _peer_ratios(tmp_path, "serve-gamma-auto-epyc-zen4.json", "epyc-zen4.json")
+    assert ratios == {(0.0, 1): 2.35, (0.0, 2): 1.986, (0.0, 4): 1.842, (0.0, 8): 1.632,
+                      (0.0, 16): 1.644, (1.0, 1): 3.108, (1.0, 2): 2.426, (1.0, 4): 1.669,
+                      (1.0, 8): 1.682, (1.0, 16): 1.672}
+
+
 def test_zen5_fused_codes_server_report_and_the_peer_ratios(tables: ModuleType,
                                                              tmp_path: Path) -> None:
     serve = "serve-gamma-auto-epyc-zen5-bc56c01.json"
