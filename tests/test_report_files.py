@@ -371,6 +371,8 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
         "batch-gamma-b1-epyc-zen4.json": ("geometric mean 0.989 (rounds: 1.038, 0.916, 1.016)",),
         "batch-gamma-b4-epyc-zen4.json": ("geometric mean 0.961 (rounds: 0.933, 1.015, 0.936)",),
         "batch-gamma-b8-epyc-zen4.json": ("geometric mean 1.014 (rounds: 0.925, 1.055, 1.069)",),
+        "batch-gamma-b4-t1-epyc-zen4.json": ("geometric mean 1.052 (rounds: 1.094, 0.992, 1.073)",),
+        "batch-gamma-b1-t1-epyc-zen4.json": ("geometric mean 0.949 (rounds: 1.080, 0.845, 0.937)",),
     }
     for name, lines in expected.items():
         rendered = _render(tables, name)
