@@ -9,6 +9,7 @@ verification are caught.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -186,6 +187,21 @@ def test_gamma_auto_waits_until_the_draft_prefill_pays() -> None:
     assert forced.choose() >= 1
 
 
+def test_gamma_auto_reads_with_the_first_token_only_where_nothing_streams_it() -> None:
+    """A request returned whole drafts from its first iteration where the reading pays (its
+    first token is seen with its last); a streamed one decodes that token plainly; a
+    reading that does not pay is deferred either way."""
+    streamed = AutoGamma(_auto_costs(0.01), max_gamma=3)
+    streamed.start(2, 4, streamed=True)
+    assert streamed.reading_deferred and streamed.choose() == 0
+    whole = AutoGamma(_auto_costs(0.01), max_gamma=3)
+    whole.start(2, 4, streamed=False)
+    assert not whole.reading_deferred and whole.choose() > 0
+    dear = AutoGamma(_auto_costs(WAIT_TWO_TOKENS), max_gamma=3)
+    dear.start(5, 4, streamed=False)
+    assert not dear.reading_deferred and dear.choose() == 0
+
+
 def _history(rate: float, positions: float) -> PairHistory:
     """A pair's history of ``positions`` tested positions accepted at ``rate``."""
     history = PairHistory()
@@ -238,29 +254,51 @@ def test_gamma_auto_starts_from_the_pairs_pooled_acceptance() -> None:
     assert late.prior.rest == pytest.approx(0.95)  # and fixed from then on
 
 
-@pytest.mark.parametrize("history", [None, "learned"])
-@pytest.mark.parametrize("draft_prefill", [0.0, WAIT_TWO_TOKENS])
+#: A draft prefill cost at which the 5-token prompt below repays its reading at once.
+READ_AT_ONCE = 0.01
+
+
+class _FirstDraft(AutoGamma):
+    """γ auto that records how many tokens each iteration drafted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drafted: list[int] = []
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.drafted.append(drafted)
+        super().observe(drafted, accepted)
+
+
+@pytest.mark.parametrize(("history", "streamed", "draft_prefill"),
+                         [(None, True, 0.0), (None, True, WAIT_TWO_TOKENS),
+                          ("learned", True, 0.0), ("learned", True, WAIT_TWO_TOKENS),
+                          (None, False, READ_AT_ONCE)])
 @pytest.mark.parametrize("method", ["token", "block", "greedy-block"])
 def test_gamma_chosen_by_measurement_stays_exact(method: str, draft_prefill: float,
-                                                 history: str | None) -> None:
+                                                 history: str | None, streamed: bool) -> None:
     """``gamma="auto"``: γ follows each request's own acceptance history, so it changes
     from iteration to iteration (and can be 0), and the draft may join a request after
-    plain decoding began (its prefill then reads the tokens decoded so far); the law is
-    still the target's."""
+    plain decoding began (its prefill then reads the tokens decoded so far), or, for a
+    request returned whole, draft with its first token; the law is still the target's."""
     costs = _auto_costs(draft_prefill)
     lo, hi = best_gamma(Acceptance.iid(0.2), costs, 3), best_gamma(Acceptance.iid(0.9), costs, 3)
     assert lo < hi  # the estimate of α moves γ within the enumerated range
     target, draft = RandomContextLM(3, seed=21), RandomContextLM(3, seed=22)
     m = build_method(method)
+    first: set[int] = set()
 
     def run(randoms: Sequence[Randomness]) -> list[list[int]]:
         pooled = _history(0.9, HISTORY_MIN) if history else None
-        policy = AutoGamma(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0,
-                           history=pooled)
+        policy = _FirstDraft(costs, max_gamma=3, min_gamma=1 if m.needs_next_probs else 0,
+                             history=pooled)
         request = Request(prompt, m, Sampling(), 4, randoms[0], policy,
-                          make_drafter(target, draft.spawn(), m))
-        return [Engine(target.spawn()).run([request])[0].tokens]
+                          make_drafter(target, draft.spawn(), m), streamed=streamed)
+        tokens = [Engine(target.spawn()).run([request])[0].tokens]
+        first.add(policy.drafted[0])
+        return tokens
 
     prompt = [0, 1, 2, 0, 1]
     law = engine_law(run, rows=1)
     _assert_equal(marginal(law, 0), target_law(target, prompt, Sampling(), 4))
+    assert (min(first) > 0) == (not streamed or draft_prefill == 0.0 or m.needs_next_probs)

@@ -36,6 +36,7 @@ from verispec.server import ServerConfig, ServerHandle, create_app  # noqa: E402
 from verispec.server.cli import add_command  # noqa: E402
 from verispec.server.testing import ChatToyTokenizer  # noqa: E402
 from verispec.server.text import TextStream  # noqa: E402
+from verispec.engine.loop import Engine  # noqa: E402
 
 VOCAB, EOS, WINDOW = 12, 11, 64
 MODEL = "toy-target"
@@ -242,6 +243,34 @@ def test_streamed_completion_and_chat_equal_offline_and_end_with_done() -> None:
     with pytest.raises(AssertionError):  # the comparison can fail: another seed differs
         assert text == offline(chat_prompt("ABBA"), seed=6, method="token", gamma=2,
                                max_tokens=18)
+
+
+def test_the_engine_is_told_which_requests_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed request (server ``stream: true``, an ``on_tokens`` callback offline)
+    reaches the engine as streamed, so γ auto keeps its first token plain; one returned whole
+    does not (nothing sees its first token before its last)."""
+    seen: list[bool] = []
+    submit = Engine.submit
+
+    def spy(engine: Engine, request: Any) -> Any:
+        seen.append(request.streamed)
+        return submit(engine, request)
+
+    monkeypatch.setattr(Engine, "submit", spy)
+    with live(*toy_pair(), method="block", gamma="auto") as h:
+        c = client(h)
+        c.completions.create(model=MODEL, prompt=[0, 1, 2], max_tokens=4, seed=1)
+        list(c.completions.create(model=MODEL, prompt=[0, 1, 2], max_tokens=4, seed=1,
+                                  stream=True))
+        assert seen[-2:] == [False, True]
+    target, draft = toy_pair()
+    verispec.generate(target, draft, [0, 1], gamma="auto", max_new_tokens=3)
+    verispec.generate(target, draft, [0, 1], gamma="auto", max_new_tokens=3,
+                      on_tokens=lambda new: None)
+    verispec.generate_batch(target, draft, [[0, 1], [1]], gamma="auto", max_new_tokens=3)
+    verispec.generate_batch(target, draft, [[0, 1], [1]], gamma="auto", max_new_tokens=3,
+                            on_tokens=lambda i, new: None)
+    assert seen[-6:] == [False, True, False, False, True, True]
 
 
 def test_stop_strings_end_generation_and_are_never_emitted() -> None:

@@ -204,7 +204,10 @@ def generate(
             temperature 1) is below this; still lossless with token and block verification.
         precision: numeric format of both models (``auto``, ``float32``, ``bfloat16``,
             ``int8``); ``draft_precision`` overrides it for the draft.
-        on_tokens: called with each accepted block of new tokens.
+        on_tokens: called with each accepted block of new tokens. With it the request is
+            streamed: ``gamma="auto"`` decodes the first token without the draft's reading of
+            the prompt, so the time to it is plain decoding's; without it the draft may read
+            and draft from the first iteration where that pays.
         ignore_eos: decode exactly ``max_new_tokens`` (unless the context window ends first):
             an EOS token is emitted like any other and decoding goes on, every token drawn
             from the method's law at its context (for a lossless method, the target's law
@@ -226,7 +229,8 @@ def generate(
                 on_tokens=on_tokens)
         else:
             request = Request(ids, plan.engine_method, plan.sampling, max_new_tokens, random,
-                              run.policy(), run.drafter, on_tokens, ignore_eos=ignore_eos)
+                              run.policy(), run.drafter, on_tokens, ignore_eos=ignore_eos,
+                              streamed=on_tokens is not None)
             engine = run.engine()  # a fresh cache over the same weights
             out = engine.run([request])[0]
             out.stats.target_passes = engine.passes
@@ -280,7 +284,8 @@ def generate_batch(
         prompts: texts or token-id lists.
         max_new_tokens: one budget, or one per prompt.
         batch_size: rows decoded at once (default: all prompts).
-        on_tokens: ``on_tokens(prompt_index, new_tokens)`` after each accepted block.
+        on_tokens: ``on_tokens(prompt_index, new_tokens)`` after each accepted block (the
+            requests are then streamed, as in :func:`generate`).
         ignore_eos: every prompt decodes its whole budget (see :func:`generate`).
     Returns:
         :class:`BatchGenerationResult`; ``stats.tokens_per_second`` is the whole batch's.
@@ -326,7 +331,7 @@ def _batch_requests(run: _Run, batch_size: int, prompts: Sequence[str | Sequence
         requests.append(Request(encode_prompt(tgt, p), plan.engine_method, plan.sampling, n,
                                 Randomness(torch.Generator(device=tgt.device).manual_seed(s)),
                                 run.policy(batch_size), run.drafter, callback,
-                                ignore_eos=ignore_eos))
+                                ignore_eos=ignore_eos, streamed=on_tokens is not None))
     return requests
 
 

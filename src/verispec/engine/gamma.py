@@ -28,9 +28,11 @@ class GammaPolicy(Protocol):
     def label(self) -> int | str:
         """γ as reported in the statistics (an int, or ``"auto"``)."""
 
-    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False) -> None:
+    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False,
+              streamed: bool = True) -> None:
         """The request's prompt length and token budget, before its first iteration;
-        ``fixed_length``: it decodes its whole budget (EOS ignored)."""
+        ``fixed_length``: it decodes its whole budget (EOS ignored); ``streamed``: its
+        caller sees each token as it comes, so the time to its first token counts."""
 
     def choose(self, overhead: Overhead | None = None) -> int:
         """γ for the next iteration (the engine caps it by the room left); ``overhead``:
@@ -55,7 +57,8 @@ class FixedGamma:
     def label(self) -> int:
         return self.gamma
 
-    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False) -> None:
+    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False,
+              streamed: bool = True) -> None:
         return None
 
     def choose(self, overhead: Overhead | None = None) -> int:
@@ -188,9 +191,11 @@ class AutoGamma:
     current.
 
     The draft model reads a request's context at its first draft, which costs
-    ``costs.draft_prefill`` per token. Alone, the first token is always decoded plainly, so
-    the time to it never includes that reading (admitted into a batch that is already
-    decoding, its first iteration may read and draft: :meth:`batch_bounds`). A request
+    ``costs.draft_prefill`` per token. Alone, a streamed request's first token is always
+    decoded plainly, so the time to it never includes that reading (admitted into a batch
+    that is already decoding, its first iteration may read and draft: :meth:`batch_bounds`);
+    a request returned whole (nothing sees its first token before its last) may read and
+    draft with its first iteration, where the reading pays as below. A request
     starts drafting once that reading is expected to pay back: when it costs no more than
     the time drafting saves (at the estimated acceptance and best γ) over the tokens decoded
     so far plus ``PAYBACK_SHARE`` of the budget. A short prompt drafts from the second
@@ -223,10 +228,13 @@ class AutoGamma:
         self.emitted = 0
         self.budget = 0
         self.fixed_length = False  # the request decodes its whole budget
+        self.streamed = True  # its caller sees its first token before the others
         self.drafting = costs.draft_prefill <= 0.0 or self.min_gamma > 0
 
-    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False) -> None:
+    def start(self, prompt_tokens: int, budget: int, fixed_length: bool = False,
+              streamed: bool = True) -> None:
         self.context, self.budget, self.fixed_length = prompt_tokens, budget, fixed_length
+        self.streamed = streamed
 
     @property
     def label(self) -> str:
@@ -277,11 +285,12 @@ class AutoGamma:
 
     @property
     def reading_deferred(self) -> bool:
-        """The draft has not read the context and the request has no token yet: alone, its
-        first token is decoded plainly, so that the time to it never includes the draft's
-        reading; in a batch, where every row waits for its first token
-        (:meth:`batch_bounds`)."""
-        return not self.drafting and self.emitted == 0
+        """The draft has not read the context and a streamed request has no token yet:
+        alone, its first token is decoded plainly, so that the time to it never includes the
+        draft's reading; in a batch, where every row waits for its first token
+        (:meth:`batch_bounds`). A request returned whole is never deferred: its first token
+        is seen with its last."""
+        return not self.drafting and self.emitted == 0 and self.streamed
 
     def _reading_pays(self, saving: float) -> bool:
         """Whether the draft's reading of the context costs no more than ``saving`` (seconds

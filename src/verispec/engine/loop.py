@@ -89,7 +89,7 @@ class Engine:
         row = Row(next(self._ids), request, prompt, stats,
                   state=request.method.new_state())
         request.gamma.start(len(row.context), request.max_new_tokens,  # type: ignore[union-attr]
-                            fixed_length=request.ignore_eos)
+                            fixed_length=request.ignore_eos, streamed=request.streamed)
         self.waiting.append(row)
         return row
 

@@ -43,6 +43,10 @@ class Request:
             window). Tokens after an EOS are drawn exactly as any other, from the method's
             law at the extended context, so a lossless method still samples the target's
             law (that of the target without EOS ids).
+        streamed: the caller sees tokens as they come (``on_tokens`` streams them), so the
+            time to the first token counts: ``gamma="auto"`` then decodes it without the
+            draft's reading of the prompt. A request returned whole (False) may read and
+            draft from its first iteration. Either way γ depends only on the past.
     """
 
     prompt: list[int]
@@ -54,6 +58,7 @@ class Request:
     drafter: Drafter | None = None
     on_tokens: Callable[[list[int]], None] | None = None
     ignore_eos: bool = False
+    streamed: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, int):

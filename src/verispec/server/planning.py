@@ -54,13 +54,15 @@ CODES = {"method": "invalid_method"}
 @dataclass
 class Plan:
     """A planned request and what it decodes: its prompt, budget and seed; ``ignore_eos``:
-    an end-of-text token does not end it (it decodes its whole budget)."""
+    an end-of-text token does not end it (it decodes its whole budget); ``stream``: its
+    tokens are sent as they come (the time to the first one counts)."""
 
     request: RequestPlan
     prompt_ids: list[int]
     max_tokens: int
     seed: int
     ignore_eos: bool = False
+    stream: bool = True
 
 
 class Planner:
@@ -90,7 +92,7 @@ class Planner:
         ids = self._prompt_ids(gen)
         budget = self._budget(ids, gen.max_tokens, gen.messages is not None, request.needs_draft)
         seed = gen.seed if gen.seed is not None else secrets.randbits(SEED_BITS)
-        return Plan(request, ids, budget, seed, gen.ignore_eos)
+        return Plan(request, ids, budget, seed, gen.ignore_eos, gen.stream)
 
     def _plan(self, config: RequestConfig, option: str | None) -> RequestPlan:
         """Plan through :func:`verispec.plan.plan_request`; a 400 naming the request field
@@ -182,7 +184,7 @@ class Planner:
         random = Randomness(torch.Generator(device=self.target.device).manual_seed(plan.seed))
         return Request(list(plan.prompt_ids), request.engine_method, request.sampling,
                        plan.max_tokens, random, policy, drafter, on_tokens,
-                       ignore_eos=plan.ignore_eos)
+                       ignore_eos=plan.ignore_eos, streamed=plan.stream)
 
     def _drafter(self, plan: RequestPlan) -> Drafter | None:
         """One drafter per kind, shared by every request of that kind: one cache in the
