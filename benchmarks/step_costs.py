@@ -53,7 +53,11 @@ def _row(row: dict[str, Any]) -> str:
     return f"| {row['model']} | {row['runtime']} | {cells} | {ms[9] / ms[1]:.2f} |"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]] | dict[str, Any]) -> str:
+    """The Markdown table of measured rows, or of a record written by ``--out`` (then under
+    a line naming its machine)."""
+    if isinstance(rows, dict):
+        return f"machine: {rows['machine']}\n" + table(rows["rows"])
     head = ["| model | runtime | " + " | ".join(f"k = {k}" for k in KS) + " (ms) | V(9) |",
             "|---|---|" + "---|" * (len(KS) + 1)]
     return "\n".join(head + [_row(r) for r in rows])
@@ -97,7 +101,7 @@ def main() -> None:
     ap.add_argument("--table", help="print the table of a JSON file written by --out")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())["rows"]))
+        print(table(json.loads(Path(args.table).read_text())))
         return
     rows = measure()
     if args.out:

@@ -222,7 +222,7 @@ KINDS: tuple[Kind, ...] = (
          "python -m verispec.server.ray_overhead --table {}", _ray),
     Kind("kernels-*.json", "the int8 kernels' self-test and choice",
          "verispec models kernels --table {}", _kernels),
-    _script_kind("step-costs-*.json", "step costs", "step_costs", "rows"),
+    _script_kind("step-costs-*.json", "step costs", "step_costs"),
     _script_kind("int4-kernels-*.json", "int4 kernels", "int4_kernels", "rows"),
     _script_kind("draft-format-timing-*.json", "draft format timing", "draft_format_timing",
                  "rounds"),

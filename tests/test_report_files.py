@@ -372,6 +372,9 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
         "batch-gamma-b4-epyc-zen4.json": ("geometric mean 1.015 (rounds: 0.986, 1.047, 1.012)",),
         "batch-gamma-b8-epyc-zen4.json": ("geometric mean 1.047 (rounds: 1.022, 1.066, 1.053)",),
         "batch-gamma-b4-t1-epyc-zen4.json": ("geometric mean 0.983 (rounds: 0.988, 0.999, 0.963)",),
+        "step-costs-epyc-zen4-emulated-avx2.json": (
+            "emulated AVX2); int8 kernel fbgemm+onednn/7",
+            "| native int8 | 45.7 | 53.5 | 68.8 | 134.9 | 2.95 |"),
         "draft-formats-rotations-epyc-zen4.json": (
             "| int8-rotated | 20.9 | 22.7 | 23.9 | 1.50 |",
             "| 0 | int8-rotated | 26.15 | 0.997 [0.955, 1.040] over 8 prompts | 4.38 |"),
