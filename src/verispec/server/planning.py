@@ -54,15 +54,16 @@ CODES = {"method": "invalid_method"}
 @dataclass
 class Plan:
     """A planned request and what it decodes: its prompt, budget and seed; ``ignore_eos``:
-    an end-of-text token does not end it (it decodes its whole budget); ``stream``: its
-    tokens are sent as they come (the time to the first one counts)."""
+    an end-of-text token does not end it (it decodes its whole budget); ``streamed``: its
+    tokens are sent as they come (the request's ``stream``: the time to the first one
+    counts)."""
 
     request: RequestPlan
     prompt_ids: list[int]
     max_tokens: int
     seed: int
     ignore_eos: bool = False
-    stream: bool = True
+    streamed: bool = True
 
 
 class Planner:
@@ -184,7 +185,7 @@ class Planner:
         random = Randomness(torch.Generator(device=self.target.device).manual_seed(plan.seed))
         return Request(list(plan.prompt_ids), request.engine_method, request.sampling,
                        plan.max_tokens, random, policy, drafter, on_tokens,
-                       ignore_eos=plan.ignore_eos, streamed=plan.stream)
+                       ignore_eos=plan.ignore_eos, streamed=plan.streamed)
 
     def _drafter(self, plan: RequestPlan) -> Drafter | None:
         """One drafter per kind, shared by every request of that kind: one cache in the
