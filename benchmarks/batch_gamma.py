@@ -23,6 +23,12 @@ round's ratio), and γ auto's tokens per second over all rounds against the best
 (every configuration decodes the same tokens per round: all rows' tokens over all the
 rounds' seconds); ``--out FILE`` keeps the rounds and the machine as JSON, ``--report FILE``
 prints the same summary from such a file.
+
+At B = 1 it also prices every iteration at the start-up grid's time for its γ (the pass
+costs γ auto plans with, read from verispec's cache) and prints each configuration's tokens
+per grid-priced second over all rounds: the host's speed swings, the engine's own time and
+the prompt readings left out, what remains is how many tokens each configuration's choices
+of γ delivered for the passes they cost.
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ import torch
 from verispec.api import generate_batch, load_pair
 from verispec.bench.measure import machine_description
 from verispec.bench.suites import load_suite
+from verispec.engine.costs import PassCosts
+from verispec.engine.stats import Stats
 from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.plan import pair_costs
 
 PROMPTS = 8
 
@@ -53,6 +62,7 @@ def run(args: argparse.Namespace) -> dict:
     # and kept on disk) is measured here, not inside the first timed call
     generate_batch(pair.target, pair.draft, prompts[:args.batch], method="block", gamma="auto",
                    temperature=args.temperature, max_new_tokens=4, batch_size=args.batch)
+    costs = pair_costs(pair.target, pair.draft, 1) if args.batch == 1 else None  # γ auto's
     rounds: list[dict[str, dict[str, float]]] = []
     seeds = [[PROMPTS * (r if args.seeds == "per-round" else 0) + i for i in range(PROMPTS)]
              for r in range(args.repeats)]
@@ -72,6 +82,9 @@ def run(args: argparse.Namespace) -> dict:
             cells[name] = {"tokens_per_s": sum(len(res.tokens) for res in out.results) / wall,
                            "target_passes": stats.target_passes, "wall_s": wall,
                            "phases_s": phases}
+            if costs is not None:
+                cells[name]["grid_priced_s"] = grid_priced_seconds(stats, costs)
+                cells[name]["tokens"] = stats.tokens_emitted
             print(f"round {r + 1} B={args.batch} T={args.temperature:g} {name}: "
                   f"{cells[name]['tokens_per_s']:.2f} tok/s, "
                   f"{out.stats.target_passes} target passes", flush=True)
@@ -81,6 +94,17 @@ def run(args: argparse.Namespace) -> dict:
             "command": "python benchmarks/batch_gamma.py " + " ".join(
                 f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "report")),
             "seeds": seeds, "rounds": rounds}
+
+
+def grid_priced_seconds(stats: Stats, costs: PassCosts) -> float:
+    """The seconds a single-row run's decoding iterations cost at the start-up grid's
+    prices (:meth:`PassCosts.iteration` of each iteration's γ, from the run's counts of
+    iterations that drafted at least i tokens): its throughput with the host's speed
+    swings, the engine's own time and the prompt readings left out, so that configurations
+    compare by the tokens their choices of γ deliver per priced second."""
+    at_least = [stats.iterations, *stats.drafted_by_position, 0]  # iterations drafting ≥ i
+    return sum((at_least[d] - at_least[d + 1]) * costs.iteration(d)
+               for d in range(len(at_least) - 1))
 
 
 def summarize(record: dict) -> None:
@@ -93,6 +117,8 @@ def summarize(record: dict) -> None:
     config = record["config"]
     print(f"B={config['batch']} T={config['temperature']:g}, {config['tokens']} tokens, "
           f"{len(rounds)} rounds; {record['machine']}")
+    if record.get("note"):  # how a run differed from what its command says
+        print(record["note"])
     for name in rounds[0]:
         rates = [x[name]["tokens_per_s"] for x in rounds]
         passes = sorted({x[name]["target_passes"] for x in rounds})
@@ -104,6 +130,13 @@ def summarize(record: dict) -> None:
             wall = statistics.median(x[name]["wall_s"] for x in rounds)
             print("  seconds (medians): wall %.2f, " % wall + ", ".join(
                 f"{k} {v:.2f}" for k, v in split.items()))
+    if all("grid_priced_s" in c for x in rounds for c in x.values()):
+        priced = {name: sum(x[name]["tokens"] for x in rounds)
+                  / sum(x[name]["grid_priced_s"] for x in rounds) for name in rounds[0]}
+        best = max((k for k in priced if k != "block γ=auto"), key=priced.__getitem__)
+        print("tokens per grid-priced second, all rounds (the host's speed left "
+              "out): " + ", ".join(f"{k} {v:.2f}" for k, v in priced.items())
+              + f"; γ auto / {best} = {priced['block γ=auto'] / priced[best]:.3f}")
     print(f"γ auto / best other in the same round: geometric mean "
           f"{statistics.geometric_mean(ratios):.3f} (rounds: "
           + ", ".join(f"{x:.3f}" for x in ratios) + ")")

@@ -145,11 +145,14 @@ def _ray(path: Path) -> str:
     return table([json.loads(line) for line in lines if line.strip()])
 
 
-def _batch_gamma(path: Path) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        _script("batch_gamma").summarize(_json(path))
-    return out.getvalue()
+def _summary_of(script: str) -> Renderer:
+    """What a script's ``--report`` prints of the file's record (its ``summarize``)."""
+    def render(path: Path) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            _script(script).summarize(_json(path))
+        return out.getvalue()
+    return render
 
 
 def _pass_costs(path: Path) -> str:
@@ -233,7 +236,10 @@ KINDS: tuple[Kind, ...] = (
          "verispec writes under its cache directory at the first γ auto call)", "",
          _pass_costs),
     Kind("batch-gamma-*.json", "offline generate_batch with γ auto",
-         "python benchmarks/batch_gamma.py --report {}", _batch_gamma),
+         "python benchmarks/batch_gamma.py --report {}", _summary_of("batch_gamma")),
+    Kind("acceptance-memory-*.json", "how well a request's earlier blocks predict its next",
+         "python benchmarks/acceptance_memory.py --report {}",
+         _summary_of("acceptance_memory")),
     _script_kind("engine-overhead-*.json", "the engine's own time per iteration",
                  "engine_overhead"),
     _script_kind("engine-guard-*.json", "one engine against a baseline checkout",

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from verispec.engine.gamma import (FLAT_TOLERANCE, Acceptance, AcceptanceCounts, AutoGamma,
+from verispec.engine.gamma import (FLAT_TOLERANCE, PRIOR_ALPHA, PRIOR_WEIGHT, ROW_DECAY,
+                                   Acceptance, AcceptanceCounts, AutoGamma, PairHistory,
                                    PassCosts, best_gamma, flat_best)
 
 #: A target pass that grows slowly with its tokens and a cheap draft step: long blocks pay
@@ -85,3 +86,40 @@ def test_the_shortest_gamma_within_the_tolerance_of_the_best_is_chosen() -> None
     assert flat_best([1.0, 1.5, 1.975, 2.0, 1.99]) == 3
     assert flat_best([2.0, 2.0, 1.0]) == 0
     assert flat_best([0.5]) == 0
+
+
+def _blocks(counts: AcceptanceCounts, blocks: list[tuple[int, int]], decay: float) -> None:
+    for drafted, accepted in blocks:
+        counts.scale(decay)
+        counts.observe(drafted, accepted)
+
+
+def test_a_request_with_a_pair_history_follows_its_recent_blocks() -> None:
+    """Against the pair's recorded rates, a request's blocks weigh ×ROW_DECAY per later
+    block: after an easy stretch (every block accepted whole) and three blocks rejected at
+    their first position, its estimate has fallen well below what its whole record says,
+    and it drafts shorter blocks. Without a history (a generic prior) its whole record is
+    its estimate."""
+    assert 0.0 < ROW_DECAY < 1.0
+    history = PairHistory()
+    history.first_accepted, history.first_tested = 240.0, 300.0
+    history.rest_accepted, history.rest_tested = 630.0, 700.0
+    blocks = [(4, 4)] * 12 + [(4, 0)] * 3
+    policy, plain = AutoGamma(COSTS, history=history), AutoGamma(COSTS)
+    for p in (policy, plain):
+        p.start(10, 10**6, fixed_length=True)
+        p.choose()  # the prior is fixed at the first choice
+    prior = policy.prior
+    for drafted, accepted in blocks:
+        policy.observe(drafted, accepted)
+        plain.observe(drafted, accepted)
+    recent, whole = AcceptanceCounts(), AcceptanceCounts()
+    _blocks(recent, blocks, ROW_DECAY)
+    _blocks(whole, blocks, 1.0)
+    est = policy.acceptance
+    assert (est.first, est.rest) == pytest.approx(
+        (recent.estimate(prior).first, recent.estimate(prior).rest))
+    assert est.first < whole.estimate(prior).first - 0.2  # the whole record: 12 of 15
+    assert best_gamma(est, COSTS, 12) < best_gamma(whole.estimate(prior), COSTS, 12)
+    assert (plain.seen.first_accepted, plain.seen.first_tested) == (12, 15)
+    assert plain.acceptance == whole.estimate(Acceptance.iid(PRIOR_ALPHA), PRIOR_WEIGHT)

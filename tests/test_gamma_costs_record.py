@@ -1,6 +1,6 @@
 """γ auto's pass costs are timed once per key (models, machine, grid) and read back from
-disk while a fresh timing of the two one-row steps agrees with the record's c; models with
-no source on disk are never recorded.
+disk while a fresh timing of the two one-row steps and of the draft's first pass agrees with
+the record's c and first pass over a step; models with no source on disk are never recorded.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_a_record_that_prices_the_draft_otherwise_than_now_is_timed_again(
         return got.target[1] / got.draft
 
     assert c() == pytest.approx(4.0) and len(calls) == 1  # timed and recorded
-    assert c() == pytest.approx(4.0) and calls[-1] == [(1, 1), (1, 1)]  # checked, kept
+    assert c() == pytest.approx(4.0) and calls[-1] == [(1, 1), (1, 1), (1, 2)]  # checked
     assert len(calls) == 2
     step["draft-c"] = 0.010 * (RECORD_CHECK_TOLERANCE + 1)  # a disturbed timing, recorded
     measure_costs(target, draft, context=8, reps=1, rows=(1, 2), refresh=True)
@@ -102,3 +102,39 @@ def test_a_record_that_prices_the_draft_otherwise_than_now_is_timed_again(
     assert c() == pytest.approx(4.0) and len(calls) == 6  # the new record agrees
     step["draft-c"] = 0.010 * (RECORD_CHECK_TOLERANCE - 0.1)  # within the tolerance: kept
     assert c() == pytest.approx(4.0) and len(calls) == 7
+
+
+def test_a_record_whose_draft_first_pass_was_timed_dear_is_timed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft's first pass of an iteration (two tokens per row) recorded at twice its
+    step, where it now runs at 1.1 steps, is a fixed cost on every drafting iteration that
+    only longer blocks amortise: the record is replaced although its c still agrees; a
+    first pass within RECORD_CHECK_TOLERANCE of the fresh one is kept."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    first = {"factor": 2.0}  # the draft's (1, 2) pass over its (1, 1) step
+    calls: list[list[tuple[int, int]]] = []
+
+    def fake_grid(models: list, context: int, reps: int, **kw: object) -> list[dict]:
+        calls.append([shape for _, shapes in models for shape in shapes])
+        step = {"target-f": 0.040, "draft-f": 0.010}
+        return [{(r, k): step[m.name] * r * (first["factor"] if (m.name, k) == ("draft-f", 2)
+                                             else 1 + 0.1 * (k - 1)) for r, k in shapes}
+                for m, shapes in models]
+
+    monkeypatch.setattr(timing, "grid_costs", fake_grid)
+    monkeypatch.setattr(timing, "prefill_cost", lambda *args, **kw: 0.001)
+    target, draft = _named(RandomContextLM(3, seed=1), "target-f"), \
+        _named(RandomContextLM(3, seed=2), "draft-f")
+
+    def first_pass() -> float:
+        got = measure_costs(target, draft, context=8, reps=1, rows=(1,))
+        assert got.target[1] / got.draft == pytest.approx(4.0)
+        assert got.draft_first is not None
+        return got.draft_first / got.draft
+
+    assert first_pass() == pytest.approx(2.0) and len(calls) == 1  # timed dear, recorded
+    first["factor"] = 1.1  # the first pass runs at its speed
+    assert first_pass() == pytest.approx(1.1)  # checked, disagreed, timed again
+    assert len(calls) == 3 and calls[1] == [(1, 1), (1, 1), (1, 2)] and len(calls[2]) > 3
+    first["factor"] = 1.1 * (RECORD_CHECK_TOLERANCE - 0.1)  # within the tolerance: kept
+    assert first_pass() == pytest.approx(1.1) and len(calls) == 4

@@ -368,10 +368,26 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| 0 | 1 | block γ=auto | block γ=8 | 0.956× [0.864, 1.057] | 0.599× [0.421, 0.852] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.018× [0.857, 1.209] | 0.706× [0.538, 0.925] |",
             "| 1 | 16 | block γ=auto | ar | 1.011× [0.971, 1.052] |"),
-        "batch-gamma-b1-epyc-zen4.json": ("geometric mean 1.020 (rounds: 1.162, 0.996, 0.917)",),
-        "batch-gamma-b4-epyc-zen4.json": ("geometric mean 1.015 (rounds: 0.986, 1.047, 1.012)",),
-        "batch-gamma-b8-epyc-zen4.json": ("geometric mean 1.047 (rounds: 1.022, 1.066, 1.053)",),
-        "batch-gamma-b4-t1-epyc-zen4.json": ("geometric mean 0.983 (rounds: 0.988, 0.999, 0.963)",),
+        "batch-gamma-b1-epyc-zen4.json": ("geometric mean 0.982 (rounds: 0.956, 0.988, 1.003)",
+                                          "γ auto / block γ=4 = 0.986"),
+        "batch-gamma-b4-epyc-zen4.json": ("geometric mean 1.008 (rounds: 1.099, 0.946, 0.985)",),
+        "batch-gamma-b8-epyc-zen4.json": ("geometric mean 0.967 (rounds: 0.997, 0.921, 0.984)",),
+        "batch-gamma-b4-t1-epyc-zen4.json": ("geometric mean 0.962 (rounds: 1.035, 0.882, 0.974)",),
+        "batch-gamma-b1-t1-epyc-zen4-before-re-timing.json": (
+            "geometric mean 0.945 (rounds: 0.811, 0.958, 0.918, 0.945, 0.921, 0.990, 0.989, "
+            "0.970, 0.993, 0.973)", "first pass at 22.9 ms"),
+        "batch-gamma-b1-t1-epyc-zen4-whole-request-estimate.json": (
+            "geometric mean 0.964 (rounds: 0.983, 1.017, 0.987, 0.956, 0.881)",
+            "γ auto / block γ=4 = 0.938", "ROW_DECAY set to 1.0"),
+        "acceptance-memory-t0-g4-epyc-zen4.json": (
+            "20 requests, 297 full blocks", "decay 1.0: 0.988 × the prior's",
+            "decay 0.6 (ROW_DECAY): 0.885 × the prior's"),
+        "acceptance-memory-t1-g4-epyc-zen4.json": (
+            "24 requests, 373 full blocks", "decay 1.0: 1.016 × the prior's",
+            "decay 0.6 (ROW_DECAY): 0.929 × the prior's"),
+        "acceptance-memory-t1-g6-epyc-zen4.json": (
+            "16 requests, 220 full blocks", "decay 1.0: 0.995 × the prior's",
+            "decay 0.6 (ROW_DECAY): 0.960 × the prior's"),
         "step-costs-epyc-zen4-emulated-avx2.json": (
             "emulated AVX2); int8 kernel fbgemm+onednn/7",
             "| native int8 | 45.7 | 53.5 | 68.8 | 134.9 | 2.95 |"),
@@ -379,7 +395,8 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| int8-rotated | 20.9 | 22.7 | 23.9 | 1.50 |",
             "| 0 | int8-rotated | 26.15 | 0.997 [0.955, 1.040] over 8 prompts | 4.38 |"),
         "batch-gamma-b1-t1-epyc-zen4.json": (
-            "geometric mean 0.908 (rounds: 1.026, 0.829, 0.826, 0.921, 0.955)",),
+            "geometric mean 0.990 (rounds: 1.048, 1.003, 0.914, 0.984, 1.034, 1.101, 0.844, "
+            "0.981, 1.060, 0.955)", "γ auto / block γ=4 = 0.962"),
     }
     for name, lines in expected.items():
         rendered = _render(tables, name)
