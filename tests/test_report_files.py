@@ -368,6 +368,10 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| 0 | 1 | block γ=auto | block γ=8 | 0.956× [0.864, 1.057] | 0.599× [0.421, 0.852] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.018× [0.857, 1.209] | 0.706× [0.538, 0.925] |",
             "| 1 | 16 | block γ=auto | ar | 1.011× [0.971, 1.052] |"),
+        "serve-gamma-auto-epyc-zen4-recent-blocks.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 1.059× [0.969, 1.158] | 0.629× [0.543, 0.729] |",
+            "| 1 | 1 | block γ=auto | block γ=8 | 1.019× [0.866, 1.199] | 0.711× [0.494, 1.021] |",
+            "| 1 | 4 | block γ=auto | ar | 0.920× [0.819, 1.034] | 1.223× [0.944, 1.585] |"),
         "batch-gamma-b1-epyc-zen4.json": ("geometric mean 0.982 (rounds: 0.956, 0.988, 1.003)",
                                           "γ auto / block γ=4 = 0.986"),
         "batch-gamma-b4-epyc-zen4.json": ("geometric mean 1.008 (rounds: 1.099, 0.946, 0.985)",),

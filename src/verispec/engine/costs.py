@@ -397,8 +397,10 @@ def load_or_measure(target: CausalLM, draft: CausalLM, *, context: int, reps: in
             kept = BatchCosts.from_json(json.loads(file.read_text())["costs"])
         except (OSError, ValueError, KeyError, TypeError):
             kept = None
-        if kept is not None and record_agrees(kept, target, draft, context=context):
-            return kept.monotone()
+        if kept is not None:
+            fit = kept.monotone()  # the grid as γ auto prices with it
+            if record_agrees(fit, target, draft, context=context):
+                return fit
     from verispec.models.fetch import save_record
     from verispec.models.timing import grid_costs, prefill_cost
 
@@ -426,7 +428,8 @@ RECORD_CHECK_REPS = 3
 
 def record_agrees(kept: BatchCosts, target: CausalLM, draft: CausalLM, *, context: int,
                   reps: int = RECORD_CHECK_REPS) -> bool:
-    """Whether a recorded grid still prices drafting as the machine runs it now: a grid timed
+    """Whether a recorded grid (its :meth:`BatchCosts.monotone` fit, as γ auto prices with
+    it) still prices drafting as the machine runs it now: a grid timed
     while something else loaded the CPU (a package install, another benchmark) can price
     the draft several times dearer than it is, and γ auto, which then never drafts, would
     never measure the draft to correct it. The one-row steps of both models and the draft's
@@ -438,7 +441,9 @@ def record_agrees(kept: BatchCosts, target: CausalLM, draft: CausalLM, *, contex
     its record; a first pass recorded dear prices every drafting iteration a fixed cost that
     long blocks amortise (a record on an AMD EPYC Zen 4 held 22.9 ms for the embedded
     draft's first pass against an 11.0 ms step, where both now take 12.7 and 11.7 ms, and
-    γ auto drafted longer blocks than paid)."""
+    γ auto drafted longer blocks than paid). The fit is what is compared: a one-row step
+    timed dear beside a cheaper two-row one (as the grid's timing of the draft there does,
+    17.1 against 12.3 ms) is already replaced by the two-row time in it."""
     from verispec.models.timing import grid_costs
 
     if (1, 1) not in kept.target or 1 not in kept.draft or 1 not in kept.draft_first:
