@@ -87,9 +87,7 @@ def errors(requests: list[Blocks], gamma: int, prior: Acceptance,
                 guess = prior if decay is None else seen.estimate(prior, PRIOR_WEIGHT)
                 total += (guess.tokens(gamma) - (accepted + 1)) ** 2
                 n += 1
-            if drafted > 0 and decay is not None:
-                seen.scale(decay)
-            seen.observe(drafted, accepted)
+            seen.observe_recent(drafted, accepted, 1.0 if decay is None else decay)
     return total, n
 
 

@@ -84,7 +84,6 @@ def run(args: argparse.Namespace) -> dict:
                            "phases_s": phases}
             if costs is not None:
                 cells[name]["grid_priced_s"] = grid_priced_seconds(stats, costs)
-                cells[name]["tokens"] = stats.tokens_emitted
             print(f"round {r + 1} B={args.batch} T={args.temperature:g} {name}: "
                   f"{cells[name]['tokens_per_s']:.2f} tok/s, "
                   f"{out.stats.target_passes} target passes", flush=True)
@@ -131,7 +130,7 @@ def summarize(record: dict) -> None:
             print("  seconds (medians): wall %.2f, " % wall + ", ".join(
                 f"{k} {v:.2f}" for k, v in split.items()))
     if all("grid_priced_s" in c for x in rounds for c in x.values()):
-        priced = {name: sum(x[name]["tokens"] for x in rounds)
+        priced = {name: sum(x[name]["tokens_per_s"] * x[name]["wall_s"] for x in rounds)
                   / sum(x[name]["grid_priced_s"] for x in rounds) for name in rounds[0]}
         best = max((k for k in priced if k != "block γ=auto"), key=priced.__getitem__)
         print("tokens per grid-priced second, all rounds (the host's speed left "

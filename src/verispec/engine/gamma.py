@@ -122,6 +122,13 @@ class AcceptanceCounts:
         self.rest_tested += min(accepted + 1, drafted) - 1
         self.rest_accepted += max(accepted - 1, 0)
 
+    def observe_recent(self, drafted: int, accepted: int, decay: float) -> None:
+        """:meth:`observe`, the earlier outcomes weighed ×``decay`` first where the block
+        drafted (a plain iteration tests nothing and ages nothing)."""
+        if drafted > 0:
+            self.scale(decay)
+        self.observe(drafted, accepted)
+
     def scale(self, factor: float) -> None:
         """Every count times ``factor`` (older outcomes forgotten in proportion)."""
         self.first_accepted *= factor
@@ -354,8 +361,7 @@ class AutoGamma:
         if drafted > 0:
             self.drafting = True  # the draft has read the context: that cost is paid
         self.emitted += accepted + 1
-        if drafted > 0 and self.history is not None:  # recent blocks against the pair's
-            self.seen.scale(ROW_DECAY)
-        self.seen.observe(drafted, accepted)
+        # recent blocks against the pair's acceptance; a generic prior: the whole record
+        self.seen.observe_recent(drafted, accepted, 1.0 if self.history is None else ROW_DECAY)
         if self.history is not None:
             self.history.observe(drafted, accepted)
