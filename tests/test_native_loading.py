@@ -488,3 +488,30 @@ def test_recorded_pass_costs_are_keyed_by_the_models_variant(module: Any) -> Non
         plain = from_hf_module(module, name="m", precision="int8", online_rotations=False)
         assert rotated.variant != plain.variant
         assert key(full, rotated) != key(full, plain)
+
+
+def test_recorded_pass_costs_follow_the_c_kernels_source(module: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass-cost record timed with other kernel code is not reused: a quantized model's
+    variant (part of the record's key) holds a hash of verispec's C sources, which changes
+    with any of them; a float32 model, which runs none of them, keeps its variant."""
+    from verispec.models.native import cbuild
+
+    for name, text in (("a.c", "int a;"), ("b.c", "int b;")):
+        (tmp_path / name).write_text(text)
+    before = cbuild.sources_identity(tmp_path)
+    assert before == cbuild.sources_identity(tmp_path)
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "a.c").write_text("int a;")
+    (changed / "b.c").write_text("int b = 1;")
+    assert cbuild.sources_identity(changed) != before
+    assert cbuild.sources_identity() == cbuild.sources_identity(cbuild.CSRC)
+
+    dense = from_hf_module(module, name="m")
+    assert "csrc=" not in dense.variant
+    if int8_available():
+        int8 = from_hf_module(module, name="m", precision="int8")
+        assert f"csrc={cbuild.sources_identity()}" in int8.variant
+        monkeypatch.setattr(cbuild, "sources_identity", lambda directory=None: "other")
+        assert "csrc=other" in int8.variant

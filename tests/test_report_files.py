@@ -357,6 +357,16 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             best + "| 20 | 1.29× [1.23, 1.36] | 1.07× [0.97, 1.19] |",
             "| block γ=auto | llamacpp-spec[gamma=3,p_min=0.75] γ=3 | 20 "
             "| 2.18× [1.96, 2.42] | 1.93× [1.78, 2.08] |"),
+        "main-bench-humaneval-epyc-zen4-recent-blocks-results.jsonl": (
+            "target int8, draft int4", "family 25, model 17",
+            best + "| 20 | 1.45× [1.40, 1.51] | 1.24× [1.13, 1.35] |",
+            best + "| 20 | 1.33× [1.18, 1.49] | 1.17× [1.10, 1.24] |",
+            "| block γ=auto | llamacpp-spec[gamma=3,p_min=0.75] γ=3 | 20 "
+            "| 2.35× [2.26, 2.44] | 2.14× [1.99, 2.30] |"),
+        "main-bench-humaneval-epyc-zen4-int4-target-recent-blocks-results.jsonl": (
+            "target int4, draft int4",
+            best + "| 20 | 1.58× [1.47, 1.69] | 1.31× [1.23, 1.41] |",
+            best + "| 20 | 1.48× [1.32, 1.67] | 1.27× [1.19, 1.35] |"),
         "main-bench-humaneval-epyc-zen4-int4-target-results.jsonl": (
             "target int4, draft int4",
             best + "| 20 | 1.47× [1.30, 1.67] | 1.18× [1.06, 1.31] |",
@@ -364,10 +374,15 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "γ=3 | 20 | 2.13× [1.91, 2.37] | 1.88× [1.71, 2.06] |"),
         "gamma-sweep-humaneval-epyc-zen4-own-kernels-results.jsonl": (
             "| block | 6 ★ | 20 | 0.97× [0.94, 1.01] |",),
+        "gamma-sweep-humaneval-epyc-zen4-recent-blocks-results.jsonl": (
+            "| block | 6 ★ | 20 | 1.00× [0.98, 1.02] |", "| block | 4 | 20 | 1.01× [0.98, 1.04] |"),
         "serve-gamma-auto-epyc-zen4.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 0.956× [0.864, 1.057] | 0.599× [0.421, 0.852] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.018× [0.857, 1.209] | 0.706× [0.538, 0.925] |",
             "| 1 | 16 | block γ=auto | ar | 1.011× [0.971, 1.052] |"),
+        "serve-gamma-auto-one-client-epyc-zen4.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 0.990× [0.966, 1.014] | 0.608× [0.514, 0.721] |",
+            "| 1 | 1 | block γ=auto | block γ=8 | 1.050× [0.972, 1.135] | 0.688× [0.583, 0.812] |"),
         "serve-gamma-auto-epyc-zen4-recent-blocks.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 1.059× [0.969, 1.158] | 0.629× [0.543, 0.729] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.019× [0.866, 1.199] | 0.711× [0.494, 1.021] |",
@@ -376,6 +391,8 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
                                           "γ auto / block γ=4 = 0.986"),
         "batch-gamma-b4-epyc-zen4.json": ("geometric mean 1.008 (rounds: 1.099, 0.946, 0.985)",),
         "batch-gamma-b8-epyc-zen4.json": ("geometric mean 0.967 (rounds: 0.997, 0.921, 0.984)",),
+        "batch-gamma-b8-epyc-zen4-five-rounds.json": (
+            "geometric mean 0.995 (rounds: 1.002, 0.991, 1.005, 0.994, 0.983)",),
         "batch-gamma-b4-t1-epyc-zen4.json": ("geometric mean 0.962 (rounds: 1.035, 0.882, 0.974)",),
         "batch-gamma-b1-t1-epyc-zen4-before-re-timing.json": (
             "geometric mean 0.945 (rounds: 0.811, 0.958, 0.918, 0.945, 0.921, 0.990, 0.989, "

@@ -12,13 +12,16 @@ import platform
 import shutil
 import subprocess
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
 import torch
 
-__all__ = ["BUILD_SECONDS", "build", "chosen_isa", "compiler", "unbuildable", "x86_library"]
+__all__ = ["BUILD_SECONDS", "CSRC", "build", "chosen_isa", "compiler", "sources_identity",
+           "unbuildable", "x86_library"]
 
 BUILD_SECONDS = 120
+CSRC = Path(__file__).with_name("csrc")  # verispec's C kernels
 
 
 def _torch_lib() -> Path:
@@ -54,6 +57,17 @@ def _compile(cc: str, source: Path, flags: Sequence[str], out: Path) -> None:
     finally:
         obj.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
+
+
+@cache
+def sources_identity(directory: Path = CSRC) -> str:
+    """A hash of every C source in ``directory``: what a native model's pass costs depend on
+    besides its weights and the machine, so that a record timed with other kernel code is
+    timed again rather than trusted."""
+    digest = hashlib.sha256()
+    for source in sorted(directory.glob("*.c")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def build(source: Path, stem: str, flags: Sequence[str]) -> ctypes.CDLL:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import verispec.models.native.cbuild as cbuild
 from verispec.models.base import CausalLM
 from verispec.models.native.linear import SubsetHead
 from verispec.models.native.model import Transformer
@@ -115,6 +116,8 @@ class NativeCausalLM(CausalLM):
             kernel = f"|int4={status()}|exact={int(self.exact_passes)}"
         if self.net.attention_dtype == torch.float64:  # verispec's attention or torch's
             kernel += f"|attention={attention_kernel.status()}"
+        if self.precision in ("int8", "int4") or self.net.attention_dtype == torch.float64:
+            kernel += f"|csrc={cbuild.sources_identity()}"  # the C kernels its passes run
         return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
                 f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"
                 f"|prefill={self.prefill_net is not None}{kernel}")
