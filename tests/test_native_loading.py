@@ -497,15 +497,16 @@ def test_recorded_pass_costs_follow_the_c_kernels_source(module: Any, tmp_path: 
     with any of them; a float32 model, which runs none of them, keeps its variant."""
     from verispec.models.native import cbuild
 
-    for name, text in (("a.c", "int a;"), ("b.c", "int b;")):
-        (tmp_path / name).write_text(text)
-    before = cbuild.sources_identity(tmp_path)
-    assert before == cbuild.sources_identity(tmp_path)
-    changed = tmp_path / "changed"
-    changed.mkdir()
-    (changed / "a.c").write_text("int a;")
-    (changed / "b.c").write_text("int b = 1;")
-    assert cbuild.sources_identity(changed) != before
+    def sources(folder: str, b: str) -> Path:
+        directory = tmp_path / folder
+        directory.mkdir()
+        (directory / "a.c").write_text("int a;")
+        (directory / "b.c").write_text(b)
+        return directory
+
+    before = cbuild.sources_identity(sources("before", "int b;"))
+    assert cbuild.sources_identity(sources("same", "int b;")) == before  # the same sources
+    assert cbuild.sources_identity(sources("changed", "int b = 1;")) != before
     assert cbuild.sources_identity() == cbuild.sources_identity(cbuild.CSRC)
 
     dense = from_hf_module(module, name="m")
