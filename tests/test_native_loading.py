@@ -516,3 +516,36 @@ def test_recorded_pass_costs_follow_the_c_kernels_source(module: Any, tmp_path: 
         assert f"csrc={cbuild.sources_identity()}" in int8.variant
         monkeypatch.setattr(cbuild, "sources_identity", lambda directory=None: "other")
         assert "csrc=other" in int8.variant
+
+
+def test_kernel_libraries_say_what_runs_and_refuse_unknown_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every C kernel reads its setting and names what runs the same way: a setting outside
+    its choices is refused with them listed; a library whose CPU check finds neither
+    instruction set is not used, with the reason; the AVX2 path, where asked, says so."""
+    from types import SimpleNamespace
+
+    from verispec.models.native import cbuild
+
+    monkeypatch.delenv("VERISPEC_TEST_KERNEL", raising=False)
+    assert cbuild.env_choice("VERISPEC_TEST_KERNEL", ("auto", "avx2", "off")) == "auto"
+    monkeypatch.setenv("VERISPEC_TEST_KERNEL", "avx2")
+    assert cbuild.env_choice("VERISPEC_TEST_KERNEL", ("auto", "avx2", "off")) == "avx2"
+    monkeypatch.setenv("VERISPEC_TEST_KERNEL", "fast")
+    with pytest.raises(ValueError, match=r"VERISPEC_TEST_KERNEL must be auto, avx2 or off, "
+                                         r"not 'fast'"):
+        cbuild.env_choice("VERISPEC_TEST_KERNEL", ("auto", "avx2", "off"))
+    with pytest.raises(ValueError, match="must be auto or torch"):
+        cbuild.env_choice("VERISPEC_TEST_KERNEL", ("auto", "torch"))
+
+    isas = {1: "avx2", 2: "avx512-vnni"}
+    args = (isas, ("AVX2", "AVX-512 VNNI"), "VERISPEC_TEST_KERNEL")
+    for level, asked, expected in (
+            (0, False, "fallback (this CPU has neither AVX2 nor AVX-512 VNNI)"),
+            (0, True, "fallback (this CPU has neither AVX2 nor AVX-512 VNNI)"),
+            (1, False, "the kernel (avx2)"),
+            (2, False, "the kernel (avx512-vnni)"),
+            (2, True, "the kernel (avx2, as VERISPEC_TEST_KERNEL=avx2 asks)")):
+        lib = SimpleNamespace(best=lambda level=level: level)
+        got = cbuild.isa_library(lib, "best", *args, asked, "the kernel", "fallback")  # type: ignore[arg-type]
+        assert got == ((None if level == 0 else lib), expected)

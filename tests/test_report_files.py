@@ -367,6 +367,11 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "target int4, draft int4",
             best + "| 20 | 1.58× [1.47, 1.69] | 1.31× [1.23, 1.41] |",
             best + "| 20 | 1.48× [1.32, 1.67] | 1.27× [1.19, 1.35] |"),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-results.jsonl": (
+            "target int4, draft int4", "humaneval (40)",
+            best + "| 40 | 1.37× [1.24, 1.50] | 1.19× [1.11, 1.28] |",
+            best + "| 40 | 1.39× [1.28, 1.52] | 1.20× [1.14, 1.25] |",
+            "| block | auto | 2.51 | 1.51 | 30.20 | 35.74 | 28.0 | 447.4 | 1.09× [1.02, 1.16] "),
         "main-bench-humaneval-epyc-zen4-int4-target-results.jsonl": (
             "target int4, draft int4",
             best + "| 20 | 1.47× [1.30, 1.67] | 1.18× [1.06, 1.31] |",

@@ -19,7 +19,6 @@ Built once per machine like the other kernels (:mod:`~verispec.models.native.cbu
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache
 from pathlib import Path
 
@@ -39,10 +38,7 @@ FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-psabi")
 
 
 def _requested() -> str:
-    value = os.environ.get(ATTENTION_ENV, "auto")
-    if value not in ("auto", "avx2", "torch"):
-        raise ValueError(f"{ATTENTION_ENV} must be auto, avx2 or torch, not {value!r}")
-    return value
+    return cbuild.env_choice(ATTENTION_ENV, ("auto", "avx2", "torch"))
 
 
 @cache
@@ -60,12 +56,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     if lib.vs_attention_width() != WIDTH:
         return None, "torch's attention (verispec's library has other constants)"
-    best = lib.vs_attention_isa()
-    if best not in ISAS:
-        return None, "torch's attention (this CPU has neither AVX2 with FMA nor AVX-512)"
-    if _requested() == "avx2":
-        return lib, f"verispec's attention (avx2, as {ATTENTION_ENV}=avx2 asks)"
-    return lib, f"verispec's attention ({ISAS[best]})"
+    return cbuild.isa_library(lib, "vs_attention_isa", ISAS, ("AVX2 with FMA", "AVX-512"),
+                              ATTENTION_ENV, _requested() == "avx2", "verispec's attention",
+                              "torch's attention")
 
 
 def available() -> bool:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BUILD_SECONDS", "CSRC", "build", "chosen_isa", "compiler", "sources_identity",
-           "unbuildable", "x86_library"]
+__all__ = ["BUILD_SECONDS", "CSRC", "build", "chosen_isa", "compiler", "env_choice", "isa_library",
+           "sources_identity", "unbuildable", "x86_library"]
 
 BUILD_SECONDS = 120
 CSRC = Path(__file__).with_name("csrc")  # verispec's C kernels
@@ -102,6 +102,31 @@ def x86_library(source: Path, stem: str, flags: Sequence[str]) -> tuple[ctypes.C
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         return None, f"it did not build: {detail.strip()[:300]}"
+
+
+def env_choice(name: str, choices: Sequence[str]) -> str:
+    """The environment variable ``name``: one of ``choices``, the first where it is unset;
+    another value is refused with a ValueError that lists them."""
+    value = os.environ.get(name, choices[0])
+    if value not in choices:
+        listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+        raise ValueError(f"{name} must be {listed}, not {value!r}")
+    return value
+
+
+def isa_library(lib: ctypes.CDLL, best: str, isas: dict[int, str], needs: tuple[str, str],
+                env: str, avx2_asked: bool, runs: str, fallback: str,
+                ) -> tuple[ctypes.CDLL | None, str]:
+    """A kernel's bound library and what runs, in words: ``(lib, "{runs} ({isa})")`` with the
+    instruction set of ``isas`` that its C function ``best`` reports as this CPU's best, or
+    its AVX2 path where ``avx2_asked`` (by ``env``=avx2); ``(None, "{fallback} (...)")``
+    where the CPU has neither of the two ``needs`` (the ``isas``' names in words)."""
+    level = int(getattr(lib, best)())
+    if level not in isas:
+        return None, f"{fallback} (this CPU has neither {needs[0]} nor {needs[1]})"
+    if avx2_asked:
+        return lib, f"{runs} (avx2, as {env}=avx2 asks)"
+    return lib, f"{runs} ({isas[level]})"
 
 
 def chosen_isa(lib: ctypes.CDLL | None, best: str, avx2_asked: bool) -> int:

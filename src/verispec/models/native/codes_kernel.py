@@ -26,7 +26,6 @@ where it cannot be built, or ``VERISPEC_INT8_CODES=torch`` is set, the torch pat
 from __future__ import annotations
 
 import ctypes
-import os
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -52,10 +51,7 @@ MIN_PARALLEL = 16384  # fewer entries (M K) run on one thread (VS_MIN_PARALLEL)
 def _requested() -> str:
     """``VERISPEC_INT8_CODES``: ``auto`` (default: the C kernel where it builds) or
     ``torch`` (the torch operators: the reference path, and the path of other devices)."""
-    value = os.environ.get("VERISPEC_INT8_CODES", "auto")
-    if value not in ("auto", "torch"):
-        raise ValueError(f"VERISPEC_INT8_CODES must be auto or torch, not {value!r}")
-    return value
+    return cbuild.env_choice("VERISPEC_INT8_CODES", ("auto", "torch"))
 
 
 def build(capability: str) -> ctypes.CDLL:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 from functools import cache
 from pathlib import Path
 
@@ -50,10 +49,7 @@ FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall")
 
 
 def _requested() -> str:
-    value = os.environ.get(GEMM_ENV, "auto")
-    if value not in ("auto", "avx2", "off"):
-        raise ValueError(f"{GEMM_ENV} must be auto, avx2 or off, not {value!r}")
-    return value
+    return cbuild.env_choice(GEMM_ENV, ("auto", "avx2", "off"))
 
 
 @cache
@@ -71,12 +67,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
                                ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     if (lib.vs_gemm_panel(), lib.vs_gemm_step()) != (PANEL, STEP):
         return None, "not offered (its library has other constants)"
-    best = lib.vs_gemm_isa()
-    if best not in ISAS:
-        return None, "not offered (this CPU has neither AVX2 nor AVX-512 VNNI)"
-    if _requested() == "avx2":
-        return lib, f"verispec's int8 matmul (avx2, as {GEMM_ENV}=avx2 asks)"
-    return lib, f"verispec's int8 matmul ({ISAS[best]})"
+    return cbuild.isa_library(lib, "vs_gemm_isa", ISAS, ("AVX2", "AVX-512 VNNI"), GEMM_ENV,
+                              _requested() == "avx2", "verispec's int8 matmul", "not offered")
 
 
 def available() -> bool:

@@ -28,7 +28,6 @@ AVX2 path on a CPU with AVX-512 VNNI too.
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache
 from pathlib import Path
 
@@ -44,6 +43,7 @@ GROUP = 64  # input channels per scale (the C source's VS_GROUP)
 LANES = 16  # weight rows interleaved per block (VS_LANES)
 TILE_ROWS = 8  # rows of x per tile (VS_TILE_ROWS); longer passes run in tiles of equal rows
 ISAS = {1: "avx2", 2: "avx512-vnni"}  # the C source's VS_ISA_* codes
+INT4_ENV = "VERISPEC_INT4_KERNEL"
 FLAGS = ("-O3", "-fPIC", "-fopenmp", "-fno-math-errno", "-Wall")
 
 
@@ -64,22 +64,16 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     constants = (lib.vs_int4_group(), lib.vs_int4_lanes(), lib.vs_int4_tile_rows())
     if constants != (GROUP, LANES, TILE_ROWS):
         return None, f"torch's int4 kernel (verispec's library has constants {constants})"
-    best = lib.vs_int4_isa()
-    if best not in ISAS:
-        return None, "torch's int4 kernel (this CPU has neither AVX2 nor AVX-512 VNNI)"
-    if _requested() == "avx2" and best > 1:
-        return lib, "verispec's int4 kernel (avx2, as VERISPEC_INT4_KERNEL=avx2 asks)"
-    return lib, f"verispec's int4 kernel ({ISAS[best]})"
+    return cbuild.isa_library(lib, "vs_int4_isa", ISAS, ("AVX2", "AVX-512 VNNI"), INT4_ENV,
+                              _requested() == "avx2", "verispec's int4 kernel",
+                              "torch's int4 kernel")
 
 
 def _requested() -> str:
     """``VERISPEC_INT4_KERNEL``: ``auto`` (default: verispec's kernel with the best
     instruction set here), ``avx2`` (verispec's kernel, AVX2 even where AVX-512 VNNI
     exists: the path of CPUs without it, to test and time it anywhere) or ``torch``."""
-    value = os.environ.get("VERISPEC_INT4_KERNEL", "auto")
-    if value not in ("auto", "avx2", "torch"):
-        raise ValueError(f"VERISPEC_INT4_KERNEL must be auto, avx2 or torch, not {value!r}")
-    return value
+    return cbuild.env_choice(INT4_ENV, ("auto", "avx2", "torch"))
 
 
 def available() -> bool:
