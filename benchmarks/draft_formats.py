@@ -5,8 +5,8 @@ torch's int4 kernel alone), and the int8 and int4 drafts over a vocabulary subse
 (``int8-subset``, ``int4-subset``: SUBSET ids and each row's context ids, as
 ``VERISPEC_DRAFT_VOCABULARY``).
 
-The target is the int8 model in every case (so ``ar`` and the output law are unchanged);
-only the draft differs. Per prompt and temperature the drafts run one after the other (the
+The target is the same model in every case (int8, or int4 with ``--target-precision
+int4``; so ``ar`` and the output law are unchanged); only the draft differs. Per prompt and temperature the drafts run one after the other (the
 order rotating from prompt to prompt), ``block`` with γ chosen by measurement (or fixed,
 ``--gamma``). Reported: the drafts' step costs (one pass of k tokens after a 200-token
 context, interleaved, median of 7) and prompt reading (200 tokens, median of 3, ms per
@@ -15,7 +15,7 @@ format (geometric mean over prompts with a 95% Student-t interval over prompts,
 ``paired.py``) and tokens per target call.
 
     python benchmarks/draft_formats.py [--formats int8,int8-rotated,int4] [--num-prompts 10]
-        [--out FILE]   # the figures and every prompt's speeds as JSON
+        [--target-precision int8|int4] [--out FILE]   # the figures and every prompt's speeds as JSON
     python benchmarks/draft_formats.py --table FILE   # the tables again, from such a file
 """
 
@@ -120,6 +120,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--gamma", default="auto", help="block's draft length: auto or a number")
+    p.add_argument("--target-precision", default="int8", choices=("int8", "int4"))
     p.add_argument("--out", help="write the figures and every prompt's speeds as JSON")
     p.add_argument("--table", help="print the tables of a file written by --out (nothing runs)")
     args = p.parse_args()
@@ -131,7 +132,7 @@ def main() -> None:
     if unknown:
         p.error(f"unknown formats {unknown}; choose from {', '.join(LOADERS)}")
     torch.set_num_threads(2)
-    target = load_model(PAIR[0], precision="int8")
+    target = load_model(PAIR[0], precision=args.target_precision)
     drafts = {f: LOADERS[f]() for f in formats}
     costs = interleaved_costs([(d, KS) for d in drafts.values()], context=200, reps=7)
     record: dict[str, Any] = {"machine": machine_description(),

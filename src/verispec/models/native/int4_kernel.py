@@ -8,8 +8,9 @@ channels of a row to int8 (scale max|x| / 127) and takes exact integer dot produ
 4-bit codes with those int8 codes — ``vpdpbusd`` with AVX-512 VNNI; ``vpmaddubsw``, whose
 int16 pair sums (at most 2 · 15 · 127) cannot saturate, with AVX2 — over 16 weight rows
 interleaved in the lanes of a vector, so no horizontal sums are needed. With AVX-512 VNNI
-two adjacent blocks of 16 rows share each broadcast of x for passes of four rows or more
-(fewer rows run faster one block at a time: ``VS_PAIR_MIN_ROWS`` in the source).
+the low and high nibbles' products run as two independent chains of ``vpdpbusd`` per row
+(added once per group), which the multi-row passes of a target need on CPUs that run a
+512-bit ``vpdpbusd`` as two halves (the source names the measurement).
 
 Every row is rounded and summed alone, in the same order whatever the pass: passes longer
 than :data:`TILE_ROWS` rows run in tiles of equal rows, and a row's result is bit for bit

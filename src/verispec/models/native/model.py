@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import verispec.models.native.attention_kernel as attention_kernel
+import verispec.models.native.rope_kernel as rope_kernel
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
 from verispec.models.native.retime import LibraryClock
@@ -227,6 +228,23 @@ class Transformer:
                                                  cache_v[a:b, :, :s], part))
         return out
 
+    def rope_store(self, qkv: Tensor, step: Step, cache_k: Tensor, cache_v: Tensor) -> Tensor:
+        """RoPE on the queries and keys of qkv [R, k, Hq + 2 Hkv, D]; the keys and values
+        written in the cache at the step's slots and positions -> q [R, Hkv, G k, D] (the G
+        query heads of a kv head in a row, token-minor)."""
+        c = self.config
+        hq, hkv, d, g = c.heads, c.kv_heads, c.head_dim, c.group
+        rows, k = qkv.shape[:2]
+        qk = qkv[:, :, : hq + hkv]  # [R, k, Hq + Hkv, D], a view
+        swapped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)  # halves swapped
+        qk = torch.addcmul(qk * step.cos, swapped, step.sin)  # RoPE on q and k at once
+        new_k, new_v = qk[:, :, hq:], qkv[:, :, hq + hkv:]  # [R, k, Hkv, D] each
+        write_rows(cache_k, new_k, step.layout, step.start, step.positions)
+        write_rows(cache_v, new_v, step.layout, step.start, step.positions)
+        # [R, k, Hkv, G, D] -> [R, Hkv, G k, D]
+        return qk[:, :, :hq].unflatten(2, (hkv, g)).permute(0, 2, 3, 1, 4).reshape(
+            rows, hkv, g * k, d)
+
     def layer(self, block: Block, x: Tensor, rows: int, k: int, step: Step, cache_k: Tensor,
               cache_v: Tensor) -> Tensor:
         """One decoder layer: x [R k, H] -> [R k, H]; writes the rows' new positions in
@@ -234,15 +252,11 @@ class Transformer:
         c = self.config
         hq, hkv, d, g = c.heads, c.kv_heads, c.head_dim, c.group
         qkv = block.qkv(x).view(rows, k, hq + 2 * hkv, d)  # [R, k, Hq + 2 Hkv, D]
-        qk = qkv[:, :, : hq + hkv]  # [R, k, Hq + Hkv, D], a view
-        swapped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)  # halves swapped
-        qk = torch.addcmul(qk * step.cos, swapped, step.sin)  # RoPE on q and k at once
-        new_k, new_v = qk[:, :, hq:], qkv[:, :, hq + hkv:]  # [R, k, Hkv, D] each
-        write_rows(cache_k, new_k, step.layout, step.start, step.positions)
-        write_rows(cache_v, new_v, step.layout, step.start, step.positions)
-        # [R, k, Hkv, G, D] -> [R, Hkv, G k, D]: the G query heads of a kv head in a row
-        q = qk[:, :, :hq].unflatten(2, (hkv, g)).permute(0, 2, 3, 1, 4).reshape(
-            rows, hkv, g * k, d)
+        if rope_kernel.takes(qkv, self.cos, cache_k):  # the same, in one call
+            q = rope_kernel.rope_store(qkv, hq, hkv, self.cos, self.sin, step.last,
+                                       step.layout.slots, cache_k, cache_v)
+        else:
+            q = self.rope_store(qkv, step, cache_k, cache_v)  # [R, Hkv, G k, D]
         att = self.attend_slots(q, cache_k, cache_v, step)  # [R, Hkv, G k, D]
         att = att.unflatten(2, (g, k)).permute(0, 3, 1, 2, 4).reshape(rows * k, hq * d)
         x = block.o.add_to(x, att)  # [R k, H]

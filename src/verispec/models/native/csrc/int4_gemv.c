@@ -26,13 +26,7 @@
 #define VS_GROUP 64
 #define VS_TILE_ROWS 8 /* rows of x per tile; longer passes run in tiles of equal rows */
 #define VS_LANES 16 /* weight rows interleaved in one block, one per 32-bit lane */
-#define VS_PAIR (2 * VS_LANES) /* weight rows of two adjacent blocks, read side by side */
 #define VS_PREFETCH 4096 /* bytes ahead of the weights being read: fetched to L1 */
-/* passes of at least this many rows read two adjacent blocks side by side (AVX-512 VNNI).
- * Measured on an AMD EPYC Zen 4 (2 threads, the 1.5B target's linear layers, both builds
- * alternated, ms with / without pairs): 1 row 30.7 / 24.6, 2 rows 34.9 / 24.5, 3 rows
- * 32.9 / 27.8, 4 rows 34.6 / 37.2, 5 to 8 rows within 7% either way. */
-#define VS_PAIR_MIN_ROWS 4
 
 enum { VS_ISA_NONE = 0, VS_ISA_AVX2 = 1, VS_ISA_AVX512_VNNI = 2 };
 
@@ -122,68 +116,59 @@ static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
     return acc;
 }
 
-/* nb (1 or 2) adjacent blocks of VS_LANES weight rows against m rows of x: out[r][16 j + i]
- * (+)= row n0 + 16 j + i's dot with row r. Each 4 bytes of x broadcast serve both blocks; the
- * low and high nibbles' products go into one int32 sum per row and block (exact: at most
- * 64 * 15 * 127 per group). m and nb are constants where this is inlined (see block_vnni),
- * so the int32 sums live in registers; the float sums stay in out (L1). */
+/* One block of VS_LANES weight rows against m rows of x: out[r][i] = row n0 + i's dot with
+ * row r. The low and the high nibbles' products go into two int32 sums per row (two
+ * independent chains of vpdpbusd, added once per group; exact: at most 32 * 15 * 127 each);
+ * m is a constant where this is inlined (see block_vnni), so the int32 sums live in
+ * registers. Measured on an AMD EPYC Zen 4 (2 threads, the 1.5B int4 target's whole pass
+ * after 200 tokens, builds alternated in one process, ms): two chains against one, 40.2
+ * against 44.7 at 4 rows, 51.1 against 51.3 at 8; and reading two adjacent blocks side by
+ * side (each broadcast of x serving 32 weight rows, as this kernel did from 4 rows on) cost
+ * 43.6 at 5 rows and 56.4 at 8 against 39.8 and 51.1 one block at a time. */
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), always_inline))
-static inline void block_vnni_m(const uint8_t *w, int64_t bstride, const uint16_t *ws,
-                                const uint16_t *wlo, int64_t groups, const int8_t *xq,
-                                const float *xs, const float *xsum, const int m, const int nb,
-                                int64_t k, float out[][VS_PAIR]) {
+static inline void block_vnni_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
+                                int64_t groups, const int8_t *xq, const float *xs,
+                                const float *xsum, const int m, int64_t k,
+                                float out[][VS_LANES]) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    for (int r = 0; r < m; r++)
-        for (int j = 0; j < nb; j++) _mm512_storeu_ps(out[r] + VS_LANES * j, _mm512_setzero_ps());
+    for (int r = 0; r < m; r++) _mm512_storeu_ps(out[r], _mm512_setzero_ps());
     for (int64_t g = 0; g < groups; g++) {
-        __m512i dot[VS_TILE_ROWS][2];
-        for (int r = 0; r < m; r++)
-            for (int j = 0; j < nb; j++) dot[r][j] = _mm512_setzero_si512();
+        __m512i dot_lo[VS_TILE_ROWS], dot_hi[VS_TILE_ROWS];
+        for (int r = 0; r < m; r++) dot_lo[r] = dot_hi[r] = _mm512_setzero_si512();
         for (int t = 0; t < VS_GROUP / 8; t++) {
-            __m512i lo[2], hi[2];
-            for (int j = 0; j < nb; j++) {
-                const uint8_t *wt = w + j * bstride + (g * VS_GROUP / 8 + t) * 64;
-                __m512i packed = _mm512_loadu_si512((const void *)wt);
-                _mm_prefetch((const char *)(wt + VS_PREFETCH), _MM_HINT_T0);
-                lo[j] = _mm512_and_si512(packed, mask);
-                hi[j] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
-            }
+            const uint8_t *wt = w + (g * VS_GROUP / 8 + t) * 64;
+            __m512i packed = _mm512_loadu_si512((const void *)wt);
+            _mm_prefetch((const char *)(wt + VS_PREFETCH), _MM_HINT_T0);
+            __m512i lo = _mm512_and_si512(packed, mask);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
             for (int r = 0; r < m; r++) {
                 const int8_t *xg = xq + r * k + g * VS_GROUP;
                 int32_t a, b;
                 memcpy(&a, xg + 4 * t, 4);
                 memcpy(&b, xg + 4 * t + VS_GROUP / 2, 4);
-                __m512i xa = _mm512_set1_epi32(a), xb = _mm512_set1_epi32(b);
-                for (int j = 0; j < nb; j++)
-                    dot[r][j] = dpbusd(dpbusd(dot[r][j], lo[j], xa), hi[j], xb);
+                dot_lo[r] = dpbusd(dot_lo[r], lo, _mm512_set1_epi32(a));
+                dot_hi[r] = dpbusd(dot_hi[r], hi, _mm512_set1_epi32(b));
             }
         }
-        for (int j = 0; j < nb; j++) {
-            const int64_t at = j * VS_LANES * groups + g * VS_LANES;
-            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws + at)));
-            __m512 l = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wlo + at)));
-            for (int r = 0; r < m; r++) {
-                __m512 acc = _mm512_loadu_ps(out[r] + VS_LANES * j);
-                __m512 d = _mm512_cvtepi32_ps(dot[r][j]);
-                acc = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(xs[r * groups + g])),
-                                      acc);
-                acc = _mm512_fmadd_ps(l, _mm512_set1_ps(xsum[r * groups + g]), acc);
-                _mm512_storeu_ps(out[r] + VS_LANES * j, acc);
-            }
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ws + g * VS_LANES)));
+        __m512 l = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wlo + g * VS_LANES)));
+        for (int r = 0; r < m; r++) {
+            __m512 acc = _mm512_loadu_ps(out[r]);
+            __m512 d = _mm512_cvtepi32_ps(_mm512_add_epi32(dot_lo[r], dot_hi[r]));
+            acc = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(xs[r * groups + g])), acc);
+            acc = _mm512_fmadd_ps(l, _mm512_set1_ps(xsum[r * groups + g]), acc);
+            _mm512_storeu_ps(out[r], acc);
         }
     }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma")))
-static void block_vnni(const uint8_t *w, int64_t bstride, const uint16_t *ws,
-                       const uint16_t *wlo, int64_t groups, const int8_t *xq, const float *xs,
-                       const float *xsum, int64_t m, int nb, int64_t k, float out[][VS_PAIR]) {
-    switch (m * 2 + nb - 1) {
-#define VS_CASE(M)                                                                          \
-    case 2 * M:                                                                             \
-        block_vnni_m(w, bstride, ws, wlo, groups, xq, xs, xsum, M, 1, k, out); break;       \
-    case 2 * M + 1:                                                                         \
-        block_vnni_m(w, bstride, ws, wlo, groups, xq, xs, xsum, M, 2, k, out); break;
+static void block_vnni(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
+                       int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
+                       int64_t m, int64_t k, float out[][VS_LANES]) {
+    switch (m) {
+#define VS_CASE(M) \
+    case M: block_vnni_m(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
         VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
 #undef VS_CASE
     }
@@ -195,7 +180,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                                 int64_t groups, const int8_t *xq, const float *xs,
                                 const float *xsum, const int m, int64_t k,
-                                float out[][VS_PAIR]) {
+                                float out[][VS_LANES]) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; half++) { /* lanes 0..7, then 8..15 */
@@ -243,7 +228,7 @@ static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint
 __attribute__((target("avx2,fma,f16c")))
 static void block_avx2(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                        int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
-                       int64_t m, int64_t k, float out[][VS_PAIR]) {
+                       int64_t m, int64_t k, float out[][VS_LANES]) {
     switch (m) {
 #define VS_CASE(M) \
     case M: block_avx2_m(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
@@ -270,34 +255,29 @@ int vs_int4_mm(const float *x, int64_t m, int64_t k, const float *norm, float ep
     float *xs = (float *)(xq + codes);
     float *xsum = xs + m * groups;
     quantize_rows(x, m, k, norm, eps, xq, xs, xsum);
-    int64_t blocks = n / VS_LANES, pairs = (blocks + 1) / 2;
+    int64_t blocks = n / VS_LANES;
     int64_t tiles = (m + VS_TILE_ROWS - 1) / VS_TILE_ROWS, rows = (m + tiles - 1) / tiles;
     int64_t bstride = VS_LANES * (k / 2);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < pairs; p++) {
-        float out[VS_TILE_ROWS][VS_PAIR];
-        int64_t b = 2 * p;
-        int nb = (isa == VS_ISA_AVX512_VNNI && m >= VS_PAIR_MIN_ROWS && b + 1 < blocks) ? 2 : 1;
+    for (int64_t b = 0; b < blocks; b++) {
+        float out[VS_TILE_ROWS][VS_LANES];
+        const uint8_t *wb = w + b * bstride;
+        const uint16_t *sb = ws + b * VS_LANES * groups, *lb = wlo + b * VS_LANES * groups;
         for (int64_t r0 = 0; r0 < m; r0 += rows) {
             int64_t mt = m - r0 < rows ? m - r0 : rows;
             const int8_t *xt = xq + r0 * k;
             const float *st = xs + r0 * groups, *sumt = xsum + r0 * groups;
-            for (int j = 0; j < 2 && b + j < blocks; j += nb) {
-                const uint8_t *wb = w + (b + j) * bstride;
-                const uint16_t *sb = ws + (b + j) * VS_LANES * groups,
-                               *lb = wlo + (b + j) * VS_LANES * groups;
-                if (isa == VS_ISA_AVX512_VNNI)
-                    block_vnni(wb, bstride, sb, lb, groups, xt, st, sumt, mt, nb, k, out);
-                else
-                    block_avx2(wb, sb, lb, groups, xt, st, sumt, mt, k, out);
-                int64_t width = nb * VS_LANES, n0 = (b + j) * VS_LANES;
-                for (int64_t r = 0; r < mt; r++) {
-                    float *yr = y + (r0 + r) * n + n0;
-                    for (int64_t i = 0; i < width; i++) {
-                        float t = out[r][i];
-                        if (bias) t += bias[n0 + i];
-                        yr[i] = accumulate ? yr[i] + t : t;
-                    }
+            if (isa == VS_ISA_AVX512_VNNI)
+                block_vnni(wb, sb, lb, groups, xt, st, sumt, mt, k, out);
+            else
+                block_avx2(wb, sb, lb, groups, xt, st, sumt, mt, k, out);
+            int64_t n0 = b * VS_LANES;
+            for (int64_t r = 0; r < mt; r++) {
+                float *yr = y + (r0 + r) * n + n0;
+                for (int64_t i = 0; i < VS_LANES; i++) {
+                    float t = out[r][i];
+                    if (bias) t += bias[n0 + i];
+                    yr[i] = accumulate ? yr[i] + t : t;
                 }
             }
         }
