@@ -352,6 +352,19 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| native int4 (verispec's int4 kernel (avx512-vnni)) | 25.9 | 29.6 | 44.8 | 74.1 "
             "| 2.86 |",
             "| llama.cpp Q4_K_M | 33.8 | 49.2 | 80.6 | 181.6 | 5.38 |"),
+        "step-costs-epyc-zen4-fused-rope.json": (
+            "| native int4 (verispec's int4 kernel (avx512-vnni)) | 22.8 | 27.1 | 41.7 | 68.3 "
+            "| 3.00 |",
+            "| llama.cpp Q4_K_M | 33.1 | 55.1 | 78.8 | 183.8 | 5.54 |"),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-fused-rope-results.jsonl": (
+            "target int4, draft int4", "humaneval (40)",
+            best + "| 40 | 1.54× [1.41, 1.67] | 1.37× [1.29, 1.45] |",
+            best + "| 40 | 1.49× [1.37, 1.61] | 1.30× [1.24, 1.37] |",
+            "| block | auto | 3.64 | 2.64 | 33.82 | 40.10 | 24.9 | 414.2 | 1.21× [1.14, 1.30] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-fused-rope-recorded-results.jsonl": (
+            "target int4, draft int4", "from 1024 positions recorded by earlier runs",
+            best + "| 40 | 1.53× [1.42, 1.66] | 1.36× [1.30, 1.42] |",
+            "| block | auto | 3.17 | 2.17 | 34.52 | 41.06 | 24.4 | 411.2 | 1.21× [1.15, 1.27] "),
         "main-bench-humaneval-epyc-zen4-own-kernels-results.jsonl": (
             "target int8, draft int4", "family 25, model 17",
             best + "| 20 | 1.29× [1.23, 1.36] | 1.07× [0.97, 1.19] |",
@@ -383,6 +396,8 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "γ=3 | 20 | 2.13× [1.91, 2.37] | 1.88× [1.71, 2.06] |"),
         "gamma-sweep-humaneval-epyc-zen4-own-kernels-results.jsonl": (
             "| block | 6 ★ | 20 | 0.97× [0.94, 1.01] |",),
+        "gamma-sweep-humaneval-epyc-zen4-int4-target-results.jsonl": (
+            "| block | 4 ★ | 20 | 0.96× [0.92, 1.00] |", "| block | 2 | 20 | 0.98× [0.96, 1.01] |"),
         "gamma-sweep-humaneval-epyc-zen4-recent-blocks-results.jsonl": (
             "| block | 6 ★ | 20 | 1.00× [0.98, 1.02] |", "| block | 4 | 20 | 1.01× [0.98, 1.04] |"),
         "serve-gamma-auto-epyc-zen4.json": (

@@ -107,6 +107,16 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const float *nor
     }
 }
 
+/* F(w, ws, wlo, groups, xq, xs, xsum, M, k, out) with M = m (1..VS_TILE_ROWS) as a constant,
+ * so that F's per-row sums live in registers */
+#define VS_CASE(F, M) \
+    case M: F(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
+#define VS_FOR_ROWS(F)                                                                     \
+    switch (m) {                                                                           \
+        VS_CASE(F, 1) VS_CASE(F, 2) VS_CASE(F, 3) VS_CASE(F, 4) VS_CASE(F, 5) VS_CASE(F, 6) \
+        VS_CASE(F, 7) VS_CASE(F, 8)                                                        \
+    }
+
 /* acc + the products of u's and x's bytes summed by 4 (vpdpbusd): written out, because
  * GCC 12 copies every accumulator to another register and back around the intrinsic in
  * every step, and spills some of them to the stack */
@@ -166,12 +176,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma")))
 static void block_vnni(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                        int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
                        int64_t m, int64_t k, float out[][VS_LANES]) {
-    switch (m) {
-#define VS_CASE(M) \
-    case M: block_vnni_m(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
-        VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-#undef VS_CASE
-    }
+    VS_FOR_ROWS(block_vnni_m)
 }
 
 /* m is a constant where this is inlined (see block_avx2), so the per-row accumulators
@@ -229,12 +234,7 @@ __attribute__((target("avx2,fma,f16c")))
 static void block_avx2(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                        int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
                        int64_t m, int64_t k, float out[][VS_LANES]) {
-    switch (m) {
-#define VS_CASE(M) \
-    case M: block_avx2_m(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
-        VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-#undef VS_CASE
-    }
+    VS_FOR_ROWS(block_avx2_m)
 }
 
 /* y [m, n] (+)= u W^T (+ bias), y contiguous, u = x [m, k] or its RMSNorm with weights
