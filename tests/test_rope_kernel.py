@@ -1,7 +1,8 @@
 """verispec's rotary embedding and cache store: what the model's tensor operations compute
 (queries in the attention's layout, rotated keys and the values in the cache, float32 and
 float64 caches, scattered slots, ragged positions), every token's bits independent of its
-pass, and the tensor operations where asked."""
+pass, refusal of positions and slots outside the cache, and the tensor operations where
+asked."""
 
 from __future__ import annotations
 
@@ -87,6 +88,24 @@ def test_a_token_gets_the_same_bits_in_any_pass() -> None:
         span = slice(n, n + 4)
         assert torch.equal(alone_k[0][slot, :, span], keys[0][slot, :, span])
         assert torch.equal(alone_v[0][slot, :, span], values[0][slot, :, span]), r
+
+
+def test_refuses_positions_and_slots_outside_the_cache() -> None:
+    net = _net(torch.float64)
+    keys, values = net.new_cache(2, 8)
+    net.rope(16)
+    qkv = _qkv(1, 2)
+    slots = torch.tensor([1])
+    for positions in (torch.tensor([[7, 8]]), torch.tensor([[-1, 0]])):  # beyond L, negative
+        with pytest.raises(ValueError, match="do not match"):
+            rope_kernel.rope_store(qkv, HEADS, KV_HEADS, net.cos, net.sin, positions, slots,
+                                   keys[0], values[0])
+    with pytest.raises(ValueError, match="do not match"):  # a slot beyond the cache
+        rope_kernel.rope_store(qkv, HEADS, KV_HEADS, net.cos, net.sin, torch.tensor([[0, 1]]),
+                               torch.tensor([2]), keys[0], values[0])
+    with pytest.raises(ValueError, match="do not match"):  # heads that do not add up
+        rope_kernel.rope_store(qkv, HEADS - 2, KV_HEADS, net.cos, net.sin,
+                               torch.tensor([[0, 1]]), slots, keys[0], values[0])
 
 
 def test_what_it_takes() -> None:

@@ -254,7 +254,7 @@ class Transformer:
         qkv = block.qkv(x).view(rows, k, hq + 2 * hkv, d)  # [R, k, Hq + 2 Hkv, D]
         if rope_kernel.takes(qkv, self.cos, cache_k):  # the same, in one call
             q = rope_kernel.rope_store(qkv, hq, hkv, self.cos, self.sin, step.last,
-                                       step.layout.slots, cache_k, cache_v)
+                                       step.layout.slots, cache_k, cache_v, check=False)
         else:
             q = self.rope_store(qkv, step, cache_k, cache_v)  # [R, Hkv, G k, D]
         att = self.attend_slots(q, cache_k, cache_v, step)  # [R, Hkv, G k, D]

@@ -71,19 +71,33 @@ def takes(qkv: Tensor, cos: Tensor, cache_k: Tensor) -> bool:
 
 
 def rope_store(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, sin: Tensor,
-               positions: Tensor, slots: Tensor, cache_k: Tensor, cache_v: Tensor) -> Tensor:
+               positions: Tensor, slots: Tensor, cache_k: Tensor, cache_v: Tensor, *,
+               check: bool = True) -> Tensor:
     """qkv [R, k, Hq + 2 Hkv, D] float32 -> q [R, Hkv, G k, D] float32 (query i of a kv head
     is query head i // k of its group, token i % k), rotated; the keys (rotated) and the
     values stored in ``cache_k`` / ``cache_v`` [P, Hkv, L, D] at each row's slot and each
     token's position.
 
     ``cos``, ``sin`` [N, D]: the model's tables (``sin`` with its first half negated);
-    ``positions`` [R, k] int64, each below N and L; ``slots`` [R] int64. The caller builds
-    positions and slots for this cache (a model's pass does), so they are not checked here."""
+    ``positions`` [R, k] int64, each below N and L; ``slots`` [R] int64, each below P.
+    ``check=False`` skips the checks of shapes, positions and slots against the tables and
+    the cache (a caller that built them for this cache: the model's passes)."""
     lib = _load()[0]
     if lib is None:
         raise RuntimeError(status())
-    rows, k, _, d = qkv.shape
+    rows, k, width, d = qkv.shape
+    if check and (width != heads + 2 * kv_heads or heads % kv_heads
+                  or cos.shape != sin.shape or cos.shape[1] != d or not cos.is_contiguous()
+                  or not sin.is_contiguous() or cache_k.shape != cache_v.shape
+                  or cache_k.shape[1] != kv_heads or cache_k.shape[3] != d
+                  or positions.shape != (rows, k) or slots.shape != (rows,)
+                  or not 0 <= int(positions.min()) <= int(positions.max())
+                  < min(cos.shape[0], cache_k.shape[2])
+                  or not 0 <= int(slots.min()) <= int(slots.max()) < cache_k.shape[0]):
+        raise ValueError(f"rotary embedding of qkv {tuple(qkv.shape)} into caches "
+                         f"{tuple(cache_k.shape)} at positions {tuple(positions.shape)} and "
+                         f"slots {tuple(slots.shape)}: shapes, positions or slots that do not "
+                         f"match")
     if cache_k.stride() != cache_v.stride() or cache_k.dtype != cache_v.dtype:
         raise ValueError("keys and values need caches of one layout and dtype")
     qkv = qkv.contiguous()
