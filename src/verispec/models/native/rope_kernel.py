@@ -5,11 +5,13 @@ and attention, in some twenty small tensor operations per layer: the half swap a
 products of the rotary embedding, the writes of the new keys and values into the cache, and
 the permutation of the queries into the attention's layout. ``csrc/rope_store.c`` does all
 of them in one call per layer, token by token with the arithmetic of those operations on an
-x86-64 CPU (x · cos rounded to float32, the other half's product added in one fused
-multiply-add: the same bits), so a token's bits do not depend on its pass.
+x86-64 CPU with FMA (x · cos rounded to float32, the other half's product added in one
+fused multiply-add: the same bits where torch's kernels fuse it too, as on the AMD EPYC
+Zen 4), so a token's bits do not depend on its pass.
 
 Built once per machine like the other kernels (:mod:`~verispec.models.native.cbuild`; plain
-C, no instruction-set paths). ``VERISPEC_ROPE_KERNEL``: ``auto`` (this kernel where it
+C, run with FMA instructions where the CPU has them, and an exact fused multiply-add in
+software where not). ``VERISPEC_ROPE_KERNEL``: ``auto`` (this kernel where it
 builds) or ``torch`` (the tensor operations).
 """
 
