@@ -31,7 +31,8 @@ def _net(cache_dtype: torch.dtype) -> Transformer:
     config = NativeConfig(vocab_size=32, hidden=HEADS * D, intermediate=8, layers=1,
                           heads=HEADS, kv_heads=KV_HEADS, head_dim=D, rope_theta=10000.0,
                           norm_eps=1e-6, max_positions=None, tied=True)
-    return Transformer(config, torch.zeros(32, HEADS * D), [None], None,  # type: ignore[list-item, arg-type]
+    blocks: list = [None]  # one layer's cache; no weights
+    return Transformer(config, torch.zeros(32, HEADS * D), blocks, None,  # type: ignore[arg-type]
                        dtype=torch.float32, device=torch.device("cpu"),
                        attention_dtype=cache_dtype)
 

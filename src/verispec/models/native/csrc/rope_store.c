@@ -35,7 +35,8 @@ typedef struct {
     float *q_out;
 } pass;
 
-static inline __attribute__((always_inline)) void rope(const float *x, const float *c, const float *s, int64_t d, float *out) {
+static inline __attribute__((always_inline)) void rope(const float *x, const float *c,
+                                                       const float *s, int64_t d, float *out) {
     int64_t half = d / 2;
     for (int64_t i = 0; i < half; i++) {
         out[i] = fmaf(x[i + half], s[i], x[i] * c[i]);
@@ -45,7 +46,8 @@ static inline __attribute__((always_inline)) void rope(const float *x, const flo
     }
 }
 
-static inline __attribute__((always_inline)) void store(const pass *a, void *cache, int64_t at, const float *x) {
+static inline __attribute__((always_inline)) void store(const pass *a, void *cache, int64_t at,
+                                                        const float *x) {
     if (a->wide) {
         double *dst = (double *)cache + at;
         for (int64_t i = 0; i < a->d; i++) dst[i] = (double)x[i];
@@ -73,7 +75,8 @@ static inline __attribute__((always_inline)) void token(const pass *a, int64_t t
     }
 }
 
-/* compiled with and without FMA instructions (fmaf is a library call without them) */
+/* compiled with and without FMA instructions (fmaf is a library call without them; both give
+ * the exactly rounded fused result) */
 __attribute__((target("avx2,fma"))) static void token_fma(const pass *a, int64_t t) {
     token(a, t);
 }
@@ -97,7 +100,8 @@ int vs_rope_store(const float *qkv, int64_t rows, int64_t k, int64_t hq, int64_t
     pass a = {qkv, k, hq, hkv, d, cos, sin, positions, slots, cache_k, cache_v, slot_stride,
               head_stride, wide, q_out};
     __builtin_cpu_init();
-    void (*run)(const pass *, int64_t) = __builtin_cpu_supports("fma") ? token_fma : token_plain;
+    int fused = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    void (*run)(const pass *, int64_t) = fused ? token_fma : token_plain;
     int64_t tokens = rows * k;
     if (tokens < VS_MIN_PARALLEL || threads == 1) {
         for (int64_t t = 0; t < tokens; t++) run(&a, t);
