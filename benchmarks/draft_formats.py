@@ -6,16 +6,17 @@ torch's int4 kernel alone), and the int8 and int4 drafts over a vocabulary subse
 ``VERISPEC_DRAFT_VOCABULARY``).
 
 The target is the same model in every case (int8, or int4 with ``--target-precision
-int4``; so ``ar`` and the output law are unchanged); only the draft differs. Per prompt and temperature the drafts run one after the other (the
-order rotating from prompt to prompt), ``block`` with γ chosen by measurement (or fixed,
-``--gamma``). Reported: the drafts' step costs (one pass of k tokens after a 200-token
-context, interleaved, median of 7) and prompt reading (200 tokens, median of 3, ms per
-token), and per temperature each draft's tokens per second, its paired ratio to the first
-format (geometric mean over prompts with a 95% Student-t interval over prompts,
-``paired.py``) and tokens per target call.
+int4``; so ``ar`` and the output law are unchanged); only the draft differs. Per prompt and
+temperature the drafts run one after the other (the order rotating from prompt to prompt),
+``block`` with γ chosen by measurement (or fixed, ``--gamma``). Reported: the drafts' step
+costs (one pass of k tokens after a 200-token context, interleaved, median of 7) and prompt
+reading (200 tokens, median of 3, ms per token), and per temperature each draft's tokens per
+second, its paired ratio to the first format (geometric mean over prompts with a 95%
+Student-t interval over prompts, ``paired.py``) and tokens per target call.
 
     python benchmarks/draft_formats.py [--formats int8,int8-rotated,int4] [--num-prompts 10]
-        [--target-precision int8|int4] [--out FILE]   # the figures and every prompt's speeds as JSON
+        [--target-precision int8|int4] [--out FILE]
+        # --out: the figures and every prompt's speeds as JSON
     python benchmarks/draft_formats.py --table FILE   # the tables again, from such a file
 """
 

@@ -174,8 +174,11 @@ class Transformer:
                  logits: bool, extra: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         rows, k = ids.shape
         x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
+        # the rotary kernel's choice holds for every layer: one activation dtype and device,
+        # and caches made alike by ``new_cache``
+        fused = bool(keys) and rope_kernel.takes(x, self.cos, keys[0])
         for block, cache_k, cache_v in zip(self.blocks, keys, values, strict=True):
-            x = self.layer(block, x, rows, k, step, cache_k, cache_v)
+            x = self.layer(block, x, rows, k, step, cache_k, cache_v, fused)
         if not logits:
             return None
         if step.pick is not None:
@@ -246,13 +249,14 @@ class Transformer:
             rows, hkv, g * k, d)
 
     def layer(self, block: Block, x: Tensor, rows: int, k: int, step: Step, cache_k: Tensor,
-              cache_v: Tensor) -> Tensor:
+              cache_v: Tensor, fused: bool = False) -> Tensor:
         """One decoder layer: x [R k, H] -> [R k, H]; writes the rows' new positions in
-        this layer's cache."""
+        this layer's cache. ``fused``: RoPE and the cache writes run as one call of
+        :mod:`~verispec.models.native.rope_kernel` (where its ``takes`` says so)."""
         c = self.config
         hq, hkv, d, g = c.heads, c.kv_heads, c.head_dim, c.group
         qkv = block.qkv(x).view(rows, k, hq + 2 * hkv, d)  # [R, k, Hq + 2 Hkv, D]
-        if rope_kernel.takes(qkv, self.cos, cache_k):  # the same, in one call
+        if fused:  # the same, in one call
             q = rope_kernel.rope_store(qkv, hq, hkv, self.cos, self.sin, step.last,
                                        step.layout.slots, cache_k, cache_v, check=False)
         else:

@@ -62,11 +62,12 @@ def status() -> str:
     return _load()[1]
 
 
-def takes(qkv: Tensor, cos: Tensor, cache_k: Tensor) -> bool:
-    """Whether :func:`rope_store` runs these tensors: on the CPU, float32 activations and
-    tables, a float32 or float64 cache with contiguous positions, and the kernel built."""
+def takes(activations: Tensor, cos: Tensor, cache_k: Tensor) -> bool:
+    """Whether :func:`rope_store` runs for these tensors: on the CPU, float32 activations
+    (a layer's input or its q/k/v) and tables, a float32 or float64 cache with contiguous
+    positions, and the kernel built."""
     d = cos.shape[-1]
-    return (qkv.device.type == "cpu" and qkv.dtype == torch.float32
+    return (activations.device.type == "cpu" and activations.dtype == torch.float32
             and cos.dtype == torch.float32 and cache_k.dtype in CACHE_DTYPES
             and cache_k.stride(3) == 1 and cache_k.stride(2) == d and d <= MAX_HEAD_DIM
             and available())
