@@ -2,7 +2,9 @@
 (:mod:`verispec.models.native.attention_kernel`), side by side in one process
 (:mod:`int8_passes`: the two alternate pass by pass). Everything else in a pass is the same
 code; the two attentions round differently (a float32 ulp or so of the attention's output),
-so the logits are compared for closeness, not bits, before timing.
+so the logits are compared for closeness, not bits, before timing. Both read a float64 cache
+(the one torch's attention needs to be exact; where verispec's kernel runs the target keeps
+a float32 one, :func:`~verispec.models.native.attention_kernel.exact_dtype`).
 
     python benchmarks/attention.py [--rounds 15] --out attention.json
     python benchmarks/attention.py --table attention.json
@@ -38,6 +40,9 @@ def measure(rounds: int) -> dict[str, Any]:
     if not attention_kernel.available():
         raise SystemExit(attention_kernel.status())
     target = int8_passes.load_target()
+    for net in (target.net, target.prefill_net):  # type: ignore[attr-defined]
+        if net is not None:
+            net.attention_dtype = torch.float64
     takes = attention_kernel.takes
 
     def use(path: str) -> None:

@@ -252,6 +252,9 @@ KINDS: tuple[Kind, ...] = (
                  "int8_gemm"),
     _script_kind("attention-*.json", "int8 passes on torch's float64 attention and on "
                  "verispec's", "attention"),
+    _script_kind("float32-attention-*.json", "int4 passes before and after verispec's "
+                 "attention over float32 caches and the SwiGLU in the down call",
+                 "float32_attention"),
     _script_kind("thread-pools-*.json", "torch's kernels on a thread whose OpenMP team came "
                  "second", "thread_pools"),
 )

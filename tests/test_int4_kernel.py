@@ -112,6 +112,15 @@ def test_matches_its_reference_for_every_row_count(use_isa: int, rows: int) -> N
     normed = int4_kernel.matmul(x, packed, norm=norm, eps=1e-6, use_isa=use_isa)
     ref_u = _reference(u, codes, scale, lo)
     assert (normed - ref_u).abs().max() <= 1e-4 * float(ref_u.abs().max())
+    gate_up = torch.randn((rows, 640), generator=g) * 4  # a gated MLP's gate and up halves
+    gate_up[0, :3] = torch.tensor([-200.0, 200.0, 0.0])  # exp's far ends: silu 0, x, 0
+    gated = int4_kernel.matmul(gate_up, packed, bias, residual, glu=True, use_isa=use_isa)
+    h = torch.nn.functional.silu(gate_up[:, :320]) * gate_up[:, 320:]
+    ref_h = _reference(h, codes, scale, lo) + bias + residual
+    assert (gated - ref_h).abs().max() <= 1e-4 * float(ref_h.abs().max())
+    alone = int4_kernel.matmul(gate_up[-1:], packed, bias, residual[-1:], glu=True,
+                               use_isa=use_isa)
+    assert torch.equal(alone, gated[-1:])  # a gated row is rounded alone too
 
 
 def test_refuses_what_it_does_not_take() -> None:
@@ -123,6 +132,8 @@ def test_refuses_what_it_does_not_take() -> None:
             int4_kernel.matmul(torch.randn(1, 64), packed, use_isa=use_isa)
     with pytest.raises(ValueError, match="N % 16"):
         int4_kernel.pack(*_layer(8, 64))
+    with pytest.raises(ValueError, match="not both"):  # a norm of the gated product: no
+        int4_kernel.matmul(torch.randn(1, 128), packed, norm=torch.ones(64), glu=True)
 
 
 @pytest.mark.parametrize("use_isa", RUNS)

@@ -40,7 +40,7 @@ from verispec.models.native import (
     kernels,
     load_native,
 )
-from verispec.models.native import linear
+from verispec.models.native import attention_kernel, linear
 from verispec.models.native.linear import Int4Linear, int4_available, int8_available
 from verispec.models.timing import pass_costs
 
@@ -114,7 +114,8 @@ def test_int4_target_runs_on_verispecs_int4_kernel_or_is_refused(
         assert resolve_precision("int4", cpu)[0] == "int4"
         target = load_model_dir(tmp_path / "wide", "int4")
         assert isinstance(target, NativeCausalLM) and target.exact_passes
-        assert target.net.attention_dtype == torch.float64
+        assert target.net.attention_dtype == attention_kernel.exact_dtype(
+            torch.device("cpu"), target.net.config.head_dim)
         draft = load_model_dir(tmp_path / "wide", "int4", "draft")
         assert not draft.exact_passes
         narrow = make_tiny_model(seed=3)  # hidden size 32: groups of 64 do not fit
@@ -494,7 +495,8 @@ def test_recorded_pass_costs_follow_the_c_kernels_source(module: Any, tmp_path: 
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass-cost record timed with other kernel code is not reused: a quantized model's
     variant (part of the record's key) holds a hash of verispec's C sources, which changes
-    with any of them; a float32 model, which runs none of them, keeps its variant."""
+    with any of them; a float32 model holds it where verispec's attention kernel reads its
+    cache, and keeps its variant where none of them runs."""
     from verispec.models.native import cbuild
 
     def sources(folder: str, b: str) -> Path:
@@ -510,7 +512,7 @@ def test_recorded_pass_costs_follow_the_c_kernels_source(module: Any, tmp_path: 
     assert cbuild.sources_identity() == cbuild.sources_identity(cbuild.CSRC)
 
     dense = from_hf_module(module, name="m")
-    assert "csrc=" not in dense.variant
+    assert ("csrc=" in dense.variant) == attention_kernel.available()
     if int8_available():
         int8 = from_hf_module(module, name="m", precision="int8")
         assert f"csrc={cbuild.sources_identity()}" in int8.variant

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from verispec.models.native import codes_kernel, int4_kernel
+from verispec.models.native import attention_kernel, codes_kernel, int4_kernel
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
 from verispec.models.native.linear import (
     default_kernel,
@@ -141,9 +141,10 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
 
 def _exact_int4(net: Transformer) -> Transformer:
     """``net`` (int4) as a target runs it: every layer on verispec's int4 kernel, whose rows
-    never see each other, and attention in float64, which gives a row the same result
-    whatever the pass (:meth:`Transformer.attend`). Raises ValueError where a layer's shape
-    does not fit the kernel (torch's kernel would round it as the pass decides)."""
+    never see each other, and attention in the dtype that gives a row the same result
+    whatever the pass (:func:`attention_kernel.exact_dtype`). Raises ValueError where a
+    layer's shape does not fit the kernel (torch's kernel would round it as the pass
+    decides)."""
     head = getattr(net.head, "linear", net.head)  # a SubsetHead's own layer
     layers = [getattr(b, n) for b in net.blocks for n in LAYER_LINEARS] + [head]
     off = sum(getattr(lin, "lanes", None) is None for lin in layers)
@@ -152,7 +153,8 @@ def _exact_int4(net: Transformer) -> Transformer:
             f"{off} of {len(layers)} int4 layers do not fit verispec's int4 kernel (input "
             f"widths a multiple of {int4_kernel.GROUP}, outputs of {int4_kernel.LANES}), so "
             f"their rounding would depend on the pass: such a model runs int4 as a draft only")
-    net.attention_dtype = torch.float64
+    net.attention_dtype = attention_kernel.exact_dtype(net.device, net.config.head_dim)
+    net.exact_attention = True
     return net
 
 

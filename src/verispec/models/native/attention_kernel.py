@@ -1,15 +1,20 @@
-"""verispec's own float64 attention over the slot cache (x86-64), for the quantized models.
+"""verispec's own attention over the slot cache (x86-64), in float32 or float64.
 
 An int8 or int4 layer rounds its input to a few hundred levels, so the attention before it
-must give a token the same result however many tokens its pass scores; those models attend
-in float64 (:meth:`~verispec.models.native.model.Transformer.attend`). torch's attention
-reaches that only up to a float32 rounding tie, and over scattered slots it runs one call
-per run of consecutive slots; on the 2-vCPU CPUs measured, its float64 attention took about
-a seventh of an 8-row step of the int8 target. ``csrc/attention.c`` computes every query
-alone in one fixed order (scores, their maximum, the exponentials summed in chunks that
-start at position 0, the values weighted in position order), reading each row's keys and
-values where its slot is: a query's result never depends on the other queries of the pass,
-bit for bit, and no row's cache is gathered.
+must give a token the same result however many tokens its pass scores. torch's attention
+reaches that only in float64 and up to a float32 rounding tie, and over scattered slots it
+runs one call per run of consecutive slots; on the 2-vCPU CPUs measured, its float64
+attention took about a seventh of an 8-row step of the int8 target. ``csrc/attention.c``
+computes every query alone in one fixed order (scores, their maximum, the exponentials
+summed in chunks that start at position 0, the values weighted in position order), reading
+each row's keys and values where its slot is: a query's result never depends on the other
+queries of the pass, bit for bit, and no row's cache is gathered. So the quantized models
+keep a float32 cache where it runs (:func:`exact_dtype`), and float64 for torch's.
+
+Every float32 cache on the CPU is read by it too (float32 models and the drafts): in the int4
+draft's one-token step after 200 tokens on an AMD EPYC Zen 4, torch's attention call took
+41 µs per layer and this kernel's 24 (each call timed in place; most of torch's time is
+fixed costs).
 
 Built once per machine like the other kernels (:mod:`~verispec.models.native.cbuild`).
 ``VERISPEC_ATTENTION``: ``auto`` (AVX-512 where the CPU has it, else AVX2 with FMA),
@@ -27,10 +32,13 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["ATTENTION_ENV", "ISAS", "WIDTH", "available", "attend", "isa", "status", "takes"]
+__all__ = ["ATTENTION_ENV", "ISAS", "WIDTH", "WIDTHS", "attend", "available", "exact_dtype", "isa",
+           "status", "takes"]
 
 SOURCE = Path(__file__).with_name("csrc") / "attention.c"
 WIDTH = 8  # doubles per vector (VS_W): head dimensions must be a multiple
+#: elements per vector of each cache dtype (VS_W, VS_FW): head dimensions must be a multiple
+WIDTHS = {torch.float64: WIDTH, torch.float32: 16}
 MAX_HEAD_DIM = 512  # VS_MAX_D
 ISAS = {1: "avx2", 2: "avx512"}  # the C source's VS_ISA_* codes
 ATTENTION_ENV = "VERISPEC_ATTENTION"
@@ -53,7 +61,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.vs_attend.restype = ctypes.c_int
     lib.vs_attend.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int]
     if lib.vs_attention_width() != WIDTH:
         return None, "torch's attention (verispec's library has other constants)"
     return cbuild.isa_library(lib, "vs_attention_isa", ISAS, ("AVX2 with FMA", "AVX-512"),
@@ -77,18 +86,30 @@ def isa() -> int:
     return cbuild.chosen_isa(_load()[0], "vs_attention_isa", _requested() == "avx2")
 
 
+def exact_dtype(device: torch.device, head_dim: int) -> torch.dtype:
+    """The cache dtype in which a quantized model's passes give every token the same bits
+    whatever else its pass holds (a target's scores then equal passes of one token): float32
+    where this kernel runs on ``device`` and takes ``head_dim`` in float32 (each query alone,
+    in one fixed order), float64 for torch's attention, which is pass-independent in float64
+    up to a float32 rounding tie (:meth:`~verispec.models.native.model.Transformer.attend`)."""
+    width = WIDTHS[torch.float32]
+    fits = head_dim % width == 0 and width <= head_dim <= MAX_HEAD_DIM
+    return torch.float32 if device.type == "cpu" and fits and available() else torch.float64
+
+
 def takes(q: Tensor, cache_k: Tensor) -> bool:
-    """Whether :func:`attend` runs these tensors: CPU, a float64 cache, a head dimension it
-    takes, and the kernel built here."""
-    d = q.shape[-1]
-    return (q.device.type == "cpu" and cache_k.dtype == torch.float64
-            and d % WIDTH == 0 and WIDTH <= d <= MAX_HEAD_DIM and available())
+    """Whether :func:`attend` runs these tensors: CPU, a float64 or float32 cache, a head
+    dimension it takes, and the kernel built here."""
+    d, width = q.shape[-1], WIDTHS.get(cache_k.dtype)
+    return (q.device.type == "cpu" and width is not None
+            and d % width == 0 and width <= d <= MAX_HEAD_DIM and available())
 
 
 def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Tensor, *,
            use_isa: int | None = None, check: bool = True) -> Tensor:
     """q [R, Hkv, G k, D] (query i of a head is token i % k of its row) over the rows' slots
-    of the cache's float64 [P, Hkv, L, D] keys and values -> [R, Hkv, G k, D] float32.
+    of the cache's float64 or float32 [P, Hkv, L, D] keys and values -> [R, Hkv, G k, D]
+    float32 (arithmetic in the cache's dtype).
 
     ``slots`` [R] int64: each row's slot; ``last`` [R, k] int64: the last position each
     token attends (< L). ``use_isa``: an entry of :data:`ISAS` (default: the one chosen
@@ -105,8 +126,8 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Ten
     rows, heads, group_k, d = q.shape
     k = last.shape[1]
     if check and (cache_k.shape != cache_v.shape or cache_k.shape[1] != heads
-                  or cache_k.shape[3] != d or cache_k.dtype != torch.float64
-                  or cache_v.dtype != torch.float64
+                  or cache_k.shape[3] != d or cache_k.dtype not in WIDTHS
+                  or cache_v.dtype != cache_k.dtype
                   or not (cache_k.is_contiguous() and cache_v.is_contiguous())
                   or slots.shape != (rows,) or last.shape[0] != rows
                   or not 0 <= int(slots.min()) <= int(slots.max()) < cache_k.shape[0]
@@ -120,8 +141,8 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Ten
     out = torch.empty(q.shape, dtype=torch.float32)
     rc = lib.vs_attend(q.data_ptr(), rows, heads, group_k, d, k, cache_k.data_ptr(),
                        cache_v.data_ptr(), cache_k.stride(0), cache_k.stride(1),
-                       slots.data_ptr(), last.data_ptr(), out.data_ptr(), chosen,
-                       torch.get_num_threads())
+                       slots.data_ptr(), last.data_ptr(), out.data_ptr(),
+                       int(cache_k.dtype == torch.float64), chosen, torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"the attention kernel refused q {tuple(q.shape)} (code {rc})")
     return out

@@ -61,7 +61,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.vs_int4_mm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                               ctypes.c_int, ctypes.c_int]
+                               ctypes.c_int, ctypes.c_int, ctypes.c_int]
     constants = (lib.vs_int4_group(), lib.vs_int4_lanes(), lib.vs_int4_tile_rows())
     if constants != (GROUP, LANES, TILE_ROWS):
         return None, f"torch's int4 kernel (verispec's library has constants {constants})"
@@ -118,17 +118,21 @@ def pack(codes: Tensor, scale: Tensor, lo: Tensor) -> tuple[Tensor, Tensor, Tens
 
 def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None = None,
            residual: Tensor | None = None, norm: Tensor | None = None, eps: float = 1e-6, *,
-           use_isa: int | None = None) -> Tensor:
+           glu: bool = False, use_isa: int | None = None) -> Tensor:
     """x [M, K] float32 (any M; each row's result is what it would be alone, bit for bit)
     -> [M, N]: u Wᵀ (+ bias) (+ residual), W from
     :func:`pack`'s ``packed``, u = x, or with ``norm`` [K] float32 its RMSNorm
-    x / sqrt(mean(x²) + eps) ⊙ norm. ``use_isa``: an entry of :data:`ISAS` (default: the
-    best here); one this CPU lacks is refused with a ValueError, not emulated."""
+    x / sqrt(mean(x²) + eps) ⊙ norm, or with ``glu`` (x [M, 2 K]: a gated MLP's gate and up
+    projections side by side) silu(x[:, :K]) ⊙ x[:, K:], computed in the kernel as it rounds
+    its input. ``use_isa``: an entry of :data:`ISAS` (default: the best here); one this CPU
+    lacks is refused with a ValueError, not emulated."""
     lib = _load()[0]
     if lib is None:
         raise RuntimeError(status())
     nibbles, scale, lo = packed
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] // (2 if glu else 1)
+    if glu and norm is not None:
+        raise ValueError("the int4 kernel takes a norm or a gated input, not both")
     n = scale.shape[0] * LANES
     chosen = isa() if use_isa is None else use_isa  # isa(): checked once per process
     if use_isa is not None and (chosen not in ISAS or chosen > lib.vs_int4_isa()):
@@ -140,7 +144,7 @@ def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None
     rc = lib.vs_int4_mm(x.data_ptr(), m, k, None if norm is None else norm.data_ptr(), eps,
                         nibbles.data_ptr(), scale.data_ptr(),
                         lo.data_ptr(), n, None if bias is None else bias.data_ptr(),
-                        out.data_ptr(), int(residual is not None), chosen,
+                        out.data_ptr(), int(residual is not None), int(glu), chosen,
                         torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"the int4 kernel refused x [{m}, {k}] against [{n}, {k}] (code {rc})")

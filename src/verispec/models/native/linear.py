@@ -461,6 +461,15 @@ class Int4Linear:
             return int4_kernel.matmul(x, self.lanes, self.bias, residual)  # type: ignore[arg-type]
         return residual + self._linear(x)
 
+    def add_gated_to(self, residual: Tensor, gate_up: Tensor) -> Tensor | None:
+        """residual + silu(gate) ⊙ up through this layer, for gate_up [M, 2 K] (gate first),
+        in one call of verispec's kernel; None where it does not run (the caller computes
+        the product and calls :meth:`add_to`)."""
+        if not self._own_kernel(gate_up):
+            return None
+        lanes: tuple[Tensor, Tensor, Tensor] = self.lanes  # type: ignore[assignment]
+        return int4_kernel.matmul(gate_up, lanes, self.bias, residual, glu=True)
+
 
 #: The layers of one draft step on which int4 and int8 are compared: [N, K] and how many a
 #: step runs, those of the embedded draft (Qwen2.5 0.5B: 24 layers of fused q/k/v, o, fused

@@ -85,6 +85,7 @@ class NativeCausalLM(CausalLM):
         self.exact_passes = exact_passes
         if prefill_net is not None:
             prefill_net.attention_dtype = net.attention_dtype
+            prefill_net.exact_attention = net.exact_attention
         self.prefill_net = prefill_net
         self.tokenizer = tokenizer
         self.name = name
@@ -114,9 +115,10 @@ class NativeCausalLM(CausalLM):
             from verispec.models.native.int4_kernel import status
 
             kernel = f"|int4={status()}|exact={int(self.exact_passes)}"
-        if self.net.attention_dtype == torch.float64:  # verispec's attention or torch's
-            kernel += f"|attention={attention_kernel.status()}"
-        if self.precision in ("int8", "int4") or self.net.attention_dtype == torch.float64:
+        if self.net.attention_dtype in attention_kernel.WIDTHS:  # verispec's attention or torch's
+            kernel += (f"|attention={attention_kernel.status()}"
+                       f"|cache={str(self.net.attention_dtype).removeprefix('torch.')}")
+        if self.precision in ("int8", "int4") or "|attention=" in kernel:
             kernel += f"|csrc={cbuild.sources_identity()}"  # the C kernels its passes run
         return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
                 f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"

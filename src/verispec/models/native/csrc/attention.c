@@ -1,22 +1,25 @@
-/* verispec: attention in float64 over a slot cache, each query alone (x86-64).
+/* verispec: attention over a slot cache, each query alone, in float64 or float32 (x86-64).
  *
  * out[r, h, i, :] = sum_{t <= last[r, j]} softmax_t(q[r, h, i] . K[t] / sqrt(D)) V[t]
  *
  * for rows r of a pass, key/value heads h, and the G k queries i = g k + j of a head (query
  * head g of the group, token j of the row), over the keys K and values V of row r's slot of
- * the cache [P, Hkv, L, D] (float64). Token j of row r attends positions 0..last[r, j].
+ * the cache [P, Hkv, L, D] (float64 or float32). Token j of row r attends positions
+ * 0..last[r, j].
  *
  * Every query is computed alone, in one fixed order (the query heads of a token share each
  * load of a key, each with its own sums): its scores in position order, their maximum,
- * exp(score - max) in chunks of VS_W positions (the chunks start at position 0, so they
- * depend on the query's own positions only) summed lane-wise and then by a fixed tree, and
- * the values weighted in position order. So a query's result never depends on the
+ * exp(score - max) in chunks of one vector of positions (the chunks start at position 0, so
+ * they depend on the query's own positions only) summed lane-wise and then by a fixed tree,
+ * and the values weighted in position order. So a query's result never depends on the
  * other queries, rows, tokens of the pass or on the threads: k tokens scored in one pass
- * get what k passes of one token get, bit for bit. Products and sums run in float64 and
+ * get what k passes of one token get, bit for bit. Products and sums run in the cache's
+ * dtype (exp by a polynomial: relative error below 1e-15 in float64, 1e-6 in float32) and
  * the result is rounded to float32 once.
  *
- * The vector code is written once with GCC vector types of VS_W doubles and compiled for
- * AVX-512 and for AVX2 + FMA (two 256-bit halves); a process runs one of them throughout.
+ * The vector code is written once with GCC vector types of 64 bytes (VS_W doubles, VS_FW
+ * floats) for both dtypes (VS_ATTENTION) and compiled for AVX-512 and for AVX2 + FMA (two
+ * 256-bit halves); a process runs one of them throughout.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,10 +27,14 @@
 #include <string.h>
 
 #define VS_W 8 /* doubles per vector */
+#define VS_FW 16 /* floats per vector */
 #define VS_EXP_FLOOR -700.0 /* exp of less is taken as 0 (it is below 1e-304) */
+#define VS_FEXP_FLOOR -87.0f /* the same in float32 (below 1.7e-38) */
 
 typedef double vd __attribute__((vector_size(VS_W * sizeof(double))));
 typedef int64_t vl __attribute__((vector_size(VS_W * sizeof(int64_t))));
+typedef float vf __attribute__((vector_size(VS_FW * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VS_FW * sizeof(int32_t))));
 
 enum { VS_ISA_NONE = 0, VS_ISA_AVX2 = 1, VS_ISA_AVX512 = 2 };
 
@@ -77,92 +84,142 @@ static inline __attribute__((always_inline)) vd load(const double *p) {
     return v;
 }
 
-/* The scores of m queries (m <= VS_GROUP, a constant where this is inlined) that attend
- * the same n positions: s[g * stride + t] = qd_g . K[t] (qd scaled). Each key is loaded
- * once for all m; every query's sum runs over the same chunks in the same order, whatever m
- * is. */
+static inline __attribute__((always_inline)) vf fsplat(float x) {
+    vf v;
+    for (int i = 0; i < VS_FW; i++) v[i] = x;
+    return v;
+}
+
+static inline __attribute__((always_inline)) float ftotal(vf v) {
+    /* a fixed tree: the upper half added to the lower, and again, down to one lane */
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+    v += __builtin_shufflevector(v, v, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+    return v[0];
+}
+
+static inline __attribute__((always_inline)) vf fload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* exp(x) for x <= 0, lane-wise: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor series
+ * to r^7, times 2^n built in the exponent bits; 0 below VS_FEXP_FLOOR (and for -inf) */
+static inline __attribute__((always_inline)) vf fexp_nonpositive(vf x) {
+    const vf magic = fsplat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    vi dead = x < fsplat(VS_FEXP_FLOOR);
+    x = (vf)((vi)x & ~dead);
+    vf t = x * fsplat(1.44269504f) + magic;
+    vf n = t - magic;
+    vf r = x - n * fsplat(0.693145752f) - n * fsplat(1.42860677e-6f);
+    static const float c[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f,
+                               1.0f, 1.0f};
+    vf p = fsplat(1.0f / 5040.0f);
+    for (int i = 0; i < 7; i++) p = p * r + fsplat(c[i]);
+    vi scale = ((vi)t - (vi)magic + 127) << 23; /* 2^n: n + 127 in the exponent field */
+    return (vf)((vi)(p * (vf)scale) & ~dead);
+}
+
+/* VS_ATTENTION(R, V, W, ...) defines, for a cache of real type R read in vectors V of W
+ * lanes (with the helpers SPLAT, TOTAL, LOAD and EXP of that type, and the queries' scale
+ * SCALE, an expression of d):
+ *
+ * SCORES: the scores of m queries (m <= VS_GROUP, a constant where it is inlined) that
+ *   attend the same n positions: s[g * stride + t] = qd_g . K[t] (qd scaled). Each key is
+ *   loaded once for all m; every query's sum runs over the same chunks in the same order,
+ *   whatever m is.
+ * WEIGH: one query's softmax over its n scores s (scratch of n rounded up to W) and the
+ *   values [n, d] weighted by it -> out [d] float32.
+ * QUERIES: m (<= VS_GROUP) queries q [m] of [d] float32 that attend the same n positions ->
+ *   out [m] of [d]; s: scratch [m, stride], stride >= n rounded up to W. */
 #define VS_GROUP 8
 #define VS_MAX_D 512
-static inline __attribute__((always_inline)) void scores(const vd (*qd)[VS_MAX_D / VS_W],
-                                                         const int m, const double *keys,
-                                                         int64_t n, int64_t d, double *s,
-                                                         int64_t stride) {
-    for (int64_t t = 0; t < n; t++) {
-        const double *kt = keys + t * d;
-        vd acc[VS_GROUP];
-        for (int g = 0; g < m; g++) acc[g] = splat(0.0);
-        for (int64_t c = 0; c < d / VS_W; c++) {
-            vd kv = load(kt + c * VS_W);
-            for (int g = 0; g < m; g++) acc[g] += qd[g][c] * kv;
-        }
-        for (int g = 0; g < m; g++) s[g * stride + t] = total(acc[g]);
+#define VS_ATTENTION(R, V, W, SPLAT, TOTAL, LOAD, EXP, SCALE, SCORES, WEIGH, QUERIES)        \
+    static inline __attribute__((always_inline)) void SCORES(                                 \
+        const V (*qd)[VS_MAX_D / W], const int m, const R *keys, int64_t n, int64_t d, R *s, \
+        int64_t stride) {                                                                    \
+        for (int64_t t = 0; t < n; t++) {                                                    \
+            const R *kt = keys + t * d;                                                      \
+            V acc[VS_GROUP];                                                                 \
+            for (int g = 0; g < m; g++) acc[g] = SPLAT(0);                                   \
+            for (int64_t c = 0; c < d / W; c++) {                                            \
+                V kv = LOAD(kt + c * W);                                                     \
+                for (int g = 0; g < m; g++) acc[g] += qd[g][c] * kv;                         \
+            }                                                                                \
+            for (int g = 0; g < m; g++) s[g * stride + t] = TOTAL(acc[g]);                   \
+        }                                                                                    \
+    }                                                                                        \
+                                                                                             \
+    static inline __attribute__((always_inline)) void WEIGH(R *s, const R *values, int64_t n, \
+                                                            int64_t d, float *out) {         \
+        R top = -INFINITY;                                                                   \
+        for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;                       \
+        int64_t padded = (n + W - 1) / W * W;                                                \
+        for (int64_t t = n; t < padded; t++) s[t] = -INFINITY;                               \
+        V sum = SPLAT(0);                                                                    \
+        for (int64_t t = 0; t < padded; t += W) {                                            \
+            V e = EXP(LOAD(s + t) - SPLAT(top));                                             \
+            memcpy(s + t, &e, sizeof e);                                                     \
+            sum += e;                                                                        \
+        }                                                                                    \
+        R inv = (R)1 / TOTAL(sum);                                                           \
+        V acc[VS_MAX_D / W];                                                                 \
+        for (int64_t c = 0; c < d / W; c++) acc[c] = SPLAT(0);                               \
+        for (int64_t t = 0; t < n; t++) {                                                    \
+            V w = SPLAT(s[t]);                                                               \
+            const R *vt = values + t * d;                                                    \
+            for (int64_t c = 0; c < d / W; c++) acc[c] += w * LOAD(vt + c * W);              \
+        }                                                                                    \
+        for (int64_t c = 0; c < d / W; c++)                                                  \
+            for (int i = 0; i < W; i++) out[c * W + i] = (float)(acc[c][i] * inv);           \
+    }                                                                                        \
+                                                                                             \
+    static inline __attribute__((always_inline)) void QUERIES(                                \
+        const float *const *q, int m, const R *keys, const R *values, int64_t n, int64_t d,  \
+        R *s, int64_t stride, float *const *out) {                                           \
+        V qd[VS_GROUP][VS_MAX_D / W];                                                        \
+        R scale = SCALE;                                                                     \
+        for (int g = 0; g < m; g++)                                                          \
+            for (int64_t c = 0; c < d / W; c++)                                              \
+                for (int i = 0; i < W; i++) qd[g][c][i] = (R)q[g][c * W + i] * scale;        \
+        switch (m) { /* m a constant in each call, so SCORES' sums live in registers */      \
+            case 1: SCORES(qd, 1, keys, n, d, s, stride); break;                             \
+            case 2: SCORES(qd, 2, keys, n, d, s, stride); break;                             \
+            case 3: SCORES(qd, 3, keys, n, d, s, stride); break;                             \
+            case 4: SCORES(qd, 4, keys, n, d, s, stride); break;                             \
+            case 5: SCORES(qd, 5, keys, n, d, s, stride); break;                             \
+            case 6: SCORES(qd, 6, keys, n, d, s, stride); break;                             \
+            case 7: SCORES(qd, 7, keys, n, d, s, stride); break;                             \
+            case 8: SCORES(qd, 8, keys, n, d, s, stride); break;                             \
+        }                                                                                    \
+        for (int g = 0; g < m; g++) WEIGH(s + g * stride, values, n, d, out[g]);             \
     }
-}
 
-/* One query's softmax over its n scores s (scratch of n rounded up to VS_W) and the values
- * [n, d] float64 weighted by it -> out [d] float32. */
-static inline __attribute__((always_inline)) void weigh(double *s, const double *values,
-                                                        int64_t n, int64_t d, float *out) {
-    double top = -INFINITY;
-    for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
-    int64_t padded = (n + VS_W - 1) / VS_W * VS_W;
-    for (int64_t t = n; t < padded; t++) s[t] = -INFINITY;
-    vd sum = splat(0.0);
-    for (int64_t t = 0; t < padded; t += VS_W) {
-        vd e = exp_nonpositive(load(s + t) - splat(top));
-        memcpy(s + t, &e, sizeof e);
-        sum += e;
-    }
-    double inv = 1.0 / total(sum);
-    vd acc[VS_MAX_D / VS_W];
-    for (int64_t c = 0; c < d / VS_W; c++) acc[c] = splat(0.0);
-    for (int64_t t = 0; t < n; t++) {
-        vd w = splat(s[t]);
-        const double *vt = values + t * d;
-        for (int64_t c = 0; c < d / VS_W; c++) acc[c] += w * load(vt + c * VS_W);
-    }
-    for (int64_t c = 0; c < d / VS_W; c++)
-        for (int i = 0; i < VS_W; i++) out[c * VS_W + i] = (float)(acc[c][i] * inv);
-}
+VS_ATTENTION(double, vd, VS_W, splat, total, load, exp_nonpositive, 1.0 / sqrt((double)d),
+             scores, weigh, queries)
+VS_ATTENTION(float, vf, VS_FW, fsplat, ftotal, fload, fexp_nonpositive,
+             1.0f / sqrtf((float)d), fscores, fweigh, fqueries)
 
-/* m (<= VS_GROUP) queries q [m] of [d] float32 that attend the same n positions -> out
- * [m] of [d]; s: scratch [m, stride], stride >= n rounded up to VS_W. */
-static inline __attribute__((always_inline)) void queries(const float *const *q, int m,
-                                                          const double *keys,
-                                                          const double *values, int64_t n,
-                                                          int64_t d, double *s, int64_t stride,
-                                                          float *const *out) {
-    vd qd[VS_GROUP][VS_MAX_D / VS_W];
-    double scale = 1.0 / sqrt((double)d);
-    for (int g = 0; g < m; g++)
-        for (int64_t c = 0; c < d / VS_W; c++)
-            for (int i = 0; i < VS_W; i++) qd[g][c][i] = (double)q[g][c * VS_W + i] * scale;
-    switch (m) {
-#define VS_CASE(M) \
-    case M: scores(qd, M, keys, n, d, s, stride); break;
-        VS_CASE(1) VS_CASE(2) VS_CASE(3) VS_CASE(4) VS_CASE(5) VS_CASE(6) VS_CASE(7) VS_CASE(8)
-#undef VS_CASE
-    }
-    for (int g = 0; g < m; g++) weigh(s + g * stride, values, n, d, out[g]);
-}
-
-/* The queries of one (row, head) of the pass; 0, or -2 where the scratch cannot be
- * allocated. */
+/* The queries of one (row, head) of the pass, over a float64 (wide) or float32 cache; 0, or
+ * -2 where the scratch cannot be allocated. */
 typedef struct {
     const float *q;
     int64_t heads, group_k, d, k;
-    const double *cache_k, *cache_v;
+    const void *cache_k, *cache_v;
     int64_t slot_stride, head_stride;
     const int64_t *slots, *last;
     float *out;
+    int wide;
 } pass;
 
 static inline __attribute__((always_inline)) int task(const pass *a, int64_t t) {
     int64_t r = t / a->heads, h = t % a->heads, k = a->k, heads_per_kv = a->group_k / k;
     int64_t most = 0;
     for (int64_t j = 0; j < k; j++) most = a->last[r * k + j] > most ? a->last[r * k + j] : most;
-    int64_t stride = (most + 1 + VS_W - 1) / VS_W * VS_W;
-    double *s = (double *)malloc(sizeof(double) * (size_t)(VS_GROUP * stride));
+    int64_t stride = (most + 1 + VS_FW - 1) / VS_FW * VS_FW; /* a multiple of both widths */
+    void *s = malloc(sizeof(double) * (size_t)(VS_GROUP * stride));
     if (!s) return -2;
     int64_t base = a->slots[r] * a->slot_stride + h * a->head_stride;
     for (int64_t j = 0; j < k; j++) { /* token j: its G query heads attend the same positions */
@@ -175,8 +232,13 @@ static inline __attribute__((always_inline)) int task(const pass *a, int64_t t) 
                 q[g] = a->q + at * a->d;
                 out[g] = a->out + at * a->d;
             }
-            queries(q, m, a->cache_k + base, a->cache_v + base, a->last[r * k + j] + 1, a->d, s,
-                    stride, out);
+            int64_t n = a->last[r * k + j] + 1;
+            if (a->wide)
+                queries(q, m, (const double *)a->cache_k + base,
+                        (const double *)a->cache_v + base, n, a->d, (double *)s, stride, out);
+            else
+                fqueries(q, m, (const float *)a->cache_k + base,
+                         (const float *)a->cache_v + base, n, a->d, (float *)s, stride, out);
         }
     }
     free(s);
@@ -194,22 +256,26 @@ __attribute__((target("avx2,fma"))) static int task_avx2(const pass *a, int64_t 
 }
 
 /* q [rows, heads, group_k, d] float32 (group_k = G k, query i is token i % k), the cache's
- * keys and values as float64 [P, heads, L, d] with the given strides (in doubles), slots
- * [rows], last [rows, k] (the last position each token attends, < L) -> out like q.
- * Returns 0; -1 for arguments it does not take (the caller checks them first), -2 where
- * its scratch cannot be allocated. */
+ * keys and values as float64 (wide = 1) or float32 (wide = 0) [P, heads, L, d] with the
+ * given strides (in elements), slots [rows], last [rows, k] (the last position each token
+ * attends, < L) -> out like q. Returns 0; -1 for arguments it does not take (the caller
+ * checks them first), -2 where its scratch cannot be allocated. */
 int vs_attend(const float *q, int64_t rows, int64_t heads, int64_t group_k, int64_t d,
-              int64_t k, const double *cache_k, const double *cache_v, int64_t slot_stride,
+              int64_t k, const void *cache_k, const void *cache_v, int64_t slot_stride,
               int64_t head_stride, const int64_t *slots, const int64_t *last, float *out,
-              int isa, int threads) {
-    if (rows < 1 || heads < 1 || k < 1 || group_k % k != 0 || d < VS_W || d % VS_W != 0 ||
-        d > VS_MAX_D || threads < 1 || isa < VS_ISA_AVX2 || isa > vs_attention_isa())
+              int wide, int isa, int threads) {
+    int64_t width = wide ? VS_W : VS_FW;
+    if (rows < 1 || heads < 1 || k < 1 || group_k % k != 0 || d < width || d % width != 0 ||
+        d > VS_MAX_D || threads < 1 || isa < VS_ISA_AVX2 || isa > vs_attention_isa() ||
+        (wide != 0 && wide != 1))
         return -1;
     pass a = {q, heads, group_k, d, k, cache_k, cache_v, slot_stride, head_stride, slots, last,
-              out};
+              out, wide};
     int (*run)(const pass *, int64_t) = isa == VS_ISA_AVX512 ? task_avx512 : task_avx2;
+    int64_t tasks = rows * heads;
     int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(| : failed)
-    for (int64_t t = 0; t < rows * heads; t++) failed |= run(&a, t) != 0;
+#pragma omp parallel for schedule(static) num_threads(tasks < threads ? tasks : threads) \
+    reduction(| : failed)
+    for (int64_t t = 0; t < tasks; t++) failed |= run(&a, t) != 0;
     return failed ? -2 : 0;
 }

@@ -46,8 +46,10 @@ int vs_int4_tile_rows(void) { return VS_TILE_ROWS; }
 int vs_int4_lanes(void) { return VS_LANES; }
 
 /* x [m, k] -> xq [m, k] int8, xs [m, G] group scales, xsum [m, G] float sums of the groups,
- * of u = x, or with norm [k] of u = rmsnorm(x) = x / sqrt(mean(x^2) + eps) * norm. Each row
- * alone, in the same order of operations whatever m is (8 lanes of sums, then a fixed tree). */
+ * of u = x, or with norm [k] of u = rmsnorm(x) = x / sqrt(mean(x^2) + eps) * norm, or with
+ * glu of u = silu(x[:, :k]) * x[:, k:] for x [m, 2 k] (a gated MLP's gate and up halves).
+ * Each row alone, in the same order of operations whatever m is (8 lanes of sums, then a
+ * fixed tree). */
 __attribute__((target("avx2,fma")))
 static float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -62,14 +64,39 @@ static float max8(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
+/* exp(x) lane-wise for x in [-87, 87] (clamped there): x = n ln2 + r, |r| <= ln2 / 2, exp(r)
+ * by its Taylor series to r^7 (relative error below 1e-6), times 2^n built in the exponent */
+__attribute__((target("avx2,fma")))
+static __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    static const float c[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f,
+                               1.0f, 1.0f};
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    for (int i = 0; i < 7; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c[i]));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* silu(gate) * up = gate / (1 + exp(-gate)) * up, lane-wise */
+__attribute__((target("avx2,fma")))
+static __m256 swiglu8(__m256 gate, __m256 up) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate));
+    return _mm256_mul_ps(_mm256_div_ps(gate, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), up);
+}
+
 __attribute__((target("avx2,fma")))
 static void quantize_rows(const float *x, int64_t m, int64_t k, const float *norm, float eps,
-                          int8_t *xq, float *xs, float *xsum) {
+                          int glu, int8_t *xq, float *xs, float *xsum) {
     const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f),
                  hi = _mm256_set1_ps(127.0f);
     int64_t groups = k / VS_GROUP;
     for (int64_t r = 0; r < m; r++) {
-        const float *row = x + r * k;
+        const float *row = x + r * k * (glu ? 2 : 1);
         __m256 rms = _mm256_set1_ps(1.0f);
         if (norm) {
             __m256 ss = _mm256_setzero_ps();
@@ -85,6 +112,7 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const float *nor
             for (int i = 0; i < VS_GROUP / 8; i++) {
                 int64_t c = g * VS_GROUP + 8 * i;
                 v[i] = _mm256_loadu_ps(row + c);
+                if (glu) v[i] = swiglu8(v[i], _mm256_loadu_ps(row + k + c));
                 if (norm) v[i] = _mm256_mul_ps(_mm256_mul_ps(v[i], rms), _mm256_loadu_ps(norm + c));
                 amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
                 sum = _mm256_add_ps(sum, v[i]);
@@ -237,16 +265,17 @@ static void block_avx2(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo
     VS_FOR_ROWS(block_avx2_m)
 }
 
-/* y [m, n] (+)= u W^T (+ bias), y contiguous, u = x [m, k] or its RMSNorm with weights
- * norm. Any m >= 1: rows run in tiles of at most VS_TILE_ROWS, and a row's result does not
- * depend on m, on its tile or on the threads (every row's sums run the same operations in
- * the same order). Returns 0; -1 for arguments it does not take (the caller checks them
- * first), -2 where its scratch cannot be allocated. */
+/* y [m, n] (+)= u W^T (+ bias), y contiguous, u = x [m, k], its RMSNorm with weights
+ * norm, or with glu silu(x[:, :k]) * x[:, k:] of x [m, 2 k] (not both). Any m >= 1: rows
+ * run in tiles of at most VS_TILE_ROWS, and a row's result does not depend on m, on its
+ * tile or on the threads (every row's sums run the same operations in the same order).
+ * Returns 0; -1 for arguments it does not take (the caller checks them first), -2 where its
+ * scratch cannot be allocated. */
 int vs_int4_mm(const float *x, int64_t m, int64_t k, const float *norm, float eps,
                const uint8_t *w, const uint16_t *ws, const uint16_t *wlo, int64_t n,
-               const float *bias, float *y, int accumulate, int isa, int threads) {
+               const float *bias, float *y, int accumulate, int glu, int isa, int threads) {
     if (m < 1 || k < VS_GROUP || k % VS_GROUP != 0 || n % VS_LANES != 0 ||
-        isa < VS_ISA_AVX2 || isa > vs_int4_isa() || threads < 1)
+        isa < VS_ISA_AVX2 || isa > vs_int4_isa() || threads < 1 || (glu && norm))
         return -1;
     int64_t groups = k / VS_GROUP;
     int64_t codes = ((m * k + 63) / 64) * 64;
@@ -254,7 +283,7 @@ int vs_int4_mm(const float *x, int64_t m, int64_t k, const float *norm, float ep
     if (!xq) return -2;
     float *xs = (float *)(xq + codes);
     float *xsum = xs + m * groups;
-    quantize_rows(x, m, k, norm, eps, xq, xs, xsum);
+    quantize_rows(x, m, k, norm, eps, glu, xq, xs, xsum);
     int64_t blocks = n / VS_LANES;
     int64_t tiles = (m + VS_TILE_ROWS - 1) / VS_TILE_ROWS, rows = (m + tiles - 1) / tiles;
     int64_t bstride = VS_LANES * (k / 2);
