@@ -370,6 +370,11 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             best + "| 40 | 1.55× [1.44, 1.68] | 1.41× [1.33, 1.50] |",
             best + "| 40 | 1.48× [1.36, 1.61] | 1.30× [1.24, 1.36] |",
             "| block | auto | 3.50 | 2.50 | 34.67 | 42.22 | 23.7 | 408.8 | 1.15× [1.09, 1.21] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-f32-attention-fresh-results.jsonl": (
+            "target int4, draft int4", "no acceptance recorded",
+            "| best lossless verispec config: ar | best llamacpp-ar config: llamacpp-ar | 40 "
+            "| 1.36× [1.27, 1.45] | 1.22× [1.18, 1.27] |",
+            "| block | auto | 1.02 | 0.02 | 30.28 | 36.56 | 27.4 | 394.1 | 0.99× [0.96, 1.02] "),
         "float32-attention-epyc-zen4.json": (
             "| qwen2.5-coder-0.5b-instruct, 1 × 1 | 13.1 | 12.7 | 1.047× [0.890, 1.147] |",
             "| qwen2.5-coder-1.5b-instruct, 1 × 5 | 38.6 | 37.1 | 1.050× [0.918, 1.125] |"),
