@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from verispec.models.native import attention_kernel, codes_kernel, int4_kernel
+from verispec.models.native import codes_kernel, int4_kernel
 from verispec.models.native.config import NativeConfig, UnsupportedModelError, unsupported_reason
 from verispec.models.native.linear import (
     default_kernel,
@@ -142,7 +142,7 @@ def from_hf_module(module: Any, tokenizer: Any = None, name: str = "native",
 def _exact_int4(net: Transformer) -> Transformer:
     """``net`` (int4) as a target runs it: every layer on verispec's int4 kernel, whose rows
     never see each other, and attention in the dtype that gives a row the same result
-    whatever the pass (:func:`attention_kernel.exact_dtype`). Raises ValueError where a
+    whatever the pass (:meth:`Transformer.exact`). Raises ValueError where a
     layer's shape does not fit the kernel (torch's kernel would round it as the pass
     decides)."""
     head = getattr(net.head, "linear", net.head)  # a SubsetHead's own layer
@@ -153,9 +153,7 @@ def _exact_int4(net: Transformer) -> Transformer:
             f"{off} of {len(layers)} int4 layers do not fit verispec's int4 kernel (input "
             f"widths a multiple of {int4_kernel.GROUP}, outputs of {int4_kernel.LANES}), so "
             f"their rounding would depend on the pass: such a model runs int4 as a draft only")
-    net.attention_dtype = attention_kernel.exact_dtype(net.device, net.config.head_dim)
-    net.exact_attention = True
-    return net
+    return net.exact()
 
 
 def _online_blocks(online_rotations: bool) -> dict[str, Any]:

@@ -84,8 +84,7 @@ class NativeCausalLM(CausalLM):
         # net object, never shared with a decoding model)
         self.exact_passes = exact_passes
         if prefill_net is not None:
-            prefill_net.attention_dtype = net.attention_dtype
-            prefill_net.exact_attention = net.exact_attention
+            prefill_net.attend_like(net)
         self.prefill_net = prefill_net
         self.tokenizer = tokenizer
         self.name = name
@@ -115,10 +114,11 @@ class NativeCausalLM(CausalLM):
             from verispec.models.native.int4_kernel import status
 
             kernel = f"|int4={status()}|exact={int(self.exact_passes)}"
-        if self.net.attention_dtype in attention_kernel.WIDTHS:  # verispec's attention or torch's
+        attends = self.net.attention_dtype in attention_kernel.WIDTHS  # verispec's or torch's
+        if attends:
             kernel += (f"|attention={attention_kernel.status()}"
                        f"|cache={str(self.net.attention_dtype).removeprefix('torch.')}")
-        if self.precision in ("int8", "int4") or "|attention=" in kernel:
+        if self.precision in ("int8", "int4") or attends:
             kernel += f"|csrc={cbuild.sources_identity()}"  # the C kernels its passes run
         return (f"{CACHE_VERSIONS.get(self.precision, self.precision)}"
                 f"|rotations={int(self.online_rotations)}|vocabulary={self.vocabulary}"

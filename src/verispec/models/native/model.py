@@ -79,7 +79,7 @@ class Transformer:
         self.blocks = blocks
         self.head = head  # final RMSNorm + lm_head, [M, H] -> [M, V]
         self.dtype = dtype  # activations
-        # KV cache and attention arithmetic; float64 for int8 models (see ``attend``)
+        # KV cache and attention arithmetic (see ``attend`` and :meth:`exact`)
         self.attention_dtype = attention_dtype or dtype
         #: a token must get the same attention in any pass (the quantized models): every pass
         #: then runs verispec's attention kernel where it takes the cache
@@ -120,6 +120,20 @@ class Transformer:
         keys = [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.blocks]
         values = [torch.empty(shape, dtype=dtype, device=self.device) for _ in self.blocks]
         return keys, values
+
+    def exact(self) -> Transformer:
+        """This net, attending so that a token gets the same bits in any pass (the quantized
+        models, whose layers round their inputs): the cache dtype of
+        :func:`~verispec.models.native.attention_kernel.exact_dtype` and verispec's kernel in
+        every pass where it takes the cache."""
+        self.attention_dtype = attention_kernel.exact_dtype(self.device, self.config.head_dim)
+        self.exact_attention = True
+        return self
+
+    def attend_like(self, other: Transformer) -> None:
+        """Attend as ``other`` does (a net that writes ``other``'s cache: its dtype, and
+        whether every pass must be exact)."""
+        self.attention_dtype, self.exact_attention = other.attention_dtype, other.exact_attention
 
     def additive_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask as 0 / -inf in the activations' dtype (SDPA's faster mask form)."""
@@ -277,8 +291,8 @@ class Transformer:
         att = att.unflatten(2, (g, k)).permute(0, 3, 1, 2, 4).reshape(rows * k, hq * d)
         x = block.o.add_to(x, att)  # [R k, H]
         gu = block.gate_up(x)  # [R k, 2 I]
-        gated = getattr(block.down, "add_gated_to", None)  # the SwiGLU inside the down call
-        out = None if gated is None else gated(x, gu)
-        if out is not None:
-            return out
+        if isinstance(block.down, Int4Linear):  # the SwiGLU inside the down call, where it runs
+            out = block.down.add_gated_to(x, gu)
+            if out is not None:
+                return out
         return block.down.add_to(x, F.silu(gu[:, : c.intermediate]) * gu[:, c.intermediate:])

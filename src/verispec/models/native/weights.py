@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import verispec.models.native.attention_kernel as attention_kernel
 import verispec.models.native.kernels as kernels
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.kernels import Int8Kernel
@@ -385,12 +384,9 @@ def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | N
                               for name in LAYER_LINEARS]))
     head = _subset(Int8Linear.from_state(state, "head", eps, kernel), state.get("head.ids"), c,
                    _subset_rows(state))
-    net = Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
-                      device=torch.device("cpu"),
-                      attention_dtype=attention_kernel.exact_dtype(torch.device("cpu"),
-                                                                   c.head_dim))
-    net.exact_attention = True  # rows never see each other: neither may attention's rounding
-    return net
+    # rows never see each other: neither may attention's rounding
+    return Transformer(c, state["embed"], blocks, head, dtype=torch.float32,
+                       device=torch.device("cpu")).exact()
 
 
 def int8_layers(net: Transformer) -> list[Int8Linear]:
