@@ -127,15 +127,39 @@ class ScriptedOverhead(IterationOverhead):
 
 
 def test_overhead_is_learned_from_iterations() -> None:
-    """Noiseless iterations of c₀ + c₁·R + c₂·R·g seconds: the fit predicts unseen shapes."""
+    """Noiseless iterations of c₀ + c₁·R + c₂·R·g seconds, g up to 3: the fit predicts
+    unseen row counts; a draft longer than any recorded is priced at the longest one."""
     c0, c1, c2 = 0.004, 0.002, 0.006
     learned = IterationOverhead()
     assert learned.predict(8, 4) == 0.0  # nothing seen: drafting is assumed free
     for i in range(300):
         rows, g = 2 + i % 5, (i // 5) % 4
         learned.observe(rows, g, c0 + c1 * rows + c2 * rows * g)
-    assert learned.predict(8, 6) == pytest.approx(c0 + c1 * 8 + c2 * 48, rel=0.02)
+    assert learned.reach == 3
+    assert learned.predict(8, 3) == pytest.approx(c0 + c1 * 8 + c2 * 24, rel=0.02)
+    assert learned.predict(8, 6) == pytest.approx(learned.predict(8, 3))
     assert learned.predict(3, 0) == pytest.approx(c0 + c1 * 3, rel=0.02)
+
+
+def test_own_time_is_not_extrapolated_beyond_the_drafts_recorded() -> None:
+    """Every drafting iteration drafted one token (c₂ and c₃ not told apart): a draft of 6
+    is priced at the one-token draft's own time, not at a slope the fit never measured;
+    once drafts of 6 are recorded, their own time is learned, and as they age (decayed
+    below REACH_WEIGHT) the longest draft that is still recorded sets the price again."""
+    learned = IterationOverhead()
+    for i in range(200):
+        learned.observe(1, i % 2, 0.001 + 0.004 * (i % 2))
+    assert learned.reach == 1
+    assert learned.own_time(1, 6) == pytest.approx(learned.own_time(1, 1))
+    assert learned.own_time(1, 1) == pytest.approx(0.005, rel=0.05)
+    for i in range(200):
+        g = (0, 1, 6)[i % 3]
+        learned.observe(1, g, 0.001 + (0.0035 + 0.0005 * g if g else 0.0))
+    assert learned.reach == 6
+    assert learned.own_time(1, 6) == pytest.approx(0.0075, rel=0.05)
+    for _ in range(400):
+        learned.observe(1, 1, 0.005)
+    assert learned.reach == 1
 
 
 def test_plain_iterations_are_not_priced_with_the_drafting_rows_work() -> None:
@@ -292,7 +316,7 @@ def test_a_learned_overhead_flips_the_batch_choice() -> None:
     assert all(g > 0 for g in _choice(FLAT, 8))
     costly = IterationOverhead()
     for i in range(100):
-        rows, g = 4 + i % 5, i % 3
+        rows, g = 4 + i % 5, i % (MAX_GAMMA + 1)
         costly.observe(rows, g, 0.1 * rows * g)
     demands = [RowDemand(Acceptance.iid(ALPHA), 0, MAX_GAMMA)] * 8
     assert batch_choice(demands, FLAT, costly) == [0] * 8

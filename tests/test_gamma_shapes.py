@@ -397,3 +397,52 @@ def test_one_slow_first_draft_pass_does_not_keep_a_request_plain() -> None:
     policy.start(100, 64, fixed_length=True)
     policy.observe(0, 0)  # its first token, decoded plainly
     assert choose_gammas([row], [12], overhead)[0] > 0  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(("draft_slowdown", "explores"), [(4.0, True), (12.0, False)])
+def test_a_request_alone_explores_drafting_measured_long_ago(draft_slowdown: float,
+                                                             explores: bool) -> None:
+    """Draft passes measured ``draft_slowdown``× the grid (in another state of the machine),
+    then plain iterations only: a request alone at the pair's α = 0.9 whose draft has not
+    read its context decodes plainly while those passes are recent; once no drafting
+    iteration has been recorded for SHAPE_FRESH iterations it reads and drafts where
+    drafting is predicted within EXPLORE_MARGIN of plain decoding (4×), and not where it
+    is predicted far slower (12×); nor does a request whose reading (a 5,000-token prompt)
+    would cost more than that share of its plain decoding. Drafting at the grid's speed in
+    the exploring iteration, the request keeps drafting: the passes of the other minute no
+    longer set the draft's level or its shapes' times."""
+    grid = BatchCosts(target={(1, k): 0.085 + 0.0045 * k for k in KS}, draft={1: 0.022},
+                      draft_prefill=1e-3)
+    history = PairHistory()
+    counts(0.9, 1000, into=history)
+    overhead = IterationOverhead()
+    [row] = _rows([AutoGamma(grid.single(), max_gamma=12, history=history)])
+    plain = (0.0, grid.target_pass(1, 1))
+    drafting = (draft_slowdown * grid.draft_passes(1, 4), grid.target_pass(1, 5))
+    for _ in range(8):
+        overhead.record([row], [4], sum(drafting), drafting)  # type: ignore[list-item]
+
+    def alone(context: int = 100) -> tuple[int, AutoGamma]:
+        policy = AutoGamma(grid.single(), max_gamma=12, history=history)
+        policy.start(context, 64)
+        policy.observe(0, 0)  # its first token, decoded plainly
+        row.request.gamma = policy
+        return choose_gammas([row], [12], overhead)[0], policy  # type: ignore[list-item]
+
+    for _ in range(20):
+        overhead.record([row], [0], sum(plain), plain)  # type: ignore[list-item]
+    assert not overhead.drafting_stale(1)
+    gamma, policy = alone()
+    assert gamma == 0 and not policy.drafting
+    for _ in range(SHAPE_FRESH):
+        overhead.record([row], [0], sum(plain), plain)  # type: ignore[list-item]
+    assert overhead.drafting_stale(1)
+    assert alone(context=5000)[0] == 0
+    gamma, policy = alone()
+    assert (gamma > 0) == explores and policy.drafting == explores
+    if explores:  # the draft runs at the grid's speed now: one iteration re-prices drafting
+        now = (grid.draft_passes(1, gamma), grid.target_pass(1, gamma + 1))
+        overhead.record([row], [gamma], sum(now), now)  # type: ignore[list-item]
+        policy.observe(gamma, gamma)
+        assert overhead.draft_level.scale == pytest.approx(1.0)
+        assert choose_gammas([row], [12], overhead)[0] > 0  # type: ignore[list-item]

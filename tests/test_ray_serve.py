@@ -309,11 +309,16 @@ def test_sixteen_concurrent_streams_equal_the_single_process_server(cluster: Clu
 @needs_ray
 def test_sixty_four_concurrent_requests_none_lost_past_the_queue_limit(cluster: Cluster) -> None:
     """Held replicas take max_batch + max_queue = 16 requests each; the rest are answered 429
-    with Retry-After by the replica (as one server does); every accepted one completes."""
+    with Retry-After by the replica (as one server does) after the ingress has offered each
+    of them to the router MAX_ATTEMPTS times; every accepted one completes."""
+    from verispec.server.ray_serve import MAX_ATTEMPTS
+
     cases = requests_mix(64, max_tokens=12)
     capacity = 2 * (SETTINGS["max_batch"] + SETTINGS["max_queue"])
     results: list[tuple[str, Any] | BaseException | None] = [None] * 64
     before = sum(settled(cluster, "verispec_requests_total", status="200").values())
+    offered = "verispec_ingress_refusals_rerouted_total"
+    rerouted = sum(v for k, v in cluster.metrics().items() if k.startswith(offered))
 
     def one(i: int) -> None:
         try:
@@ -345,6 +350,8 @@ def test_sixty_four_concurrent_requests_none_lost_past_the_queue_limit(cluster: 
     for err in limited:
         assert err.status_code == 429 and err.body["code"] == "queue_full"
         assert err.response.headers["retry-after"] == "1"
+    now = sum(v for k, v in cluster.metrics().items() if k.startswith(offered))
+    assert now - rerouted >= (MAX_ATTEMPTS - 1) * len(limited)
     wants = reference([cases[i] for i, _ in done])
     for (i, (text, _)), want in zip(done, wants, strict=True):
         assert text == want, cases[i]

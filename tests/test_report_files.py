@@ -375,6 +375,10 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| best lossless verispec config: ar | best llamacpp-ar config: llamacpp-ar | 40 "
             "| 1.36× [1.27, 1.45] | 1.22× [1.18, 1.27] |",
             "| block | auto | 1.02 | 0.02 | 30.28 | 36.56 | 27.4 | 394.1 | 0.99× [0.96, 1.02] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-explore-fresh-results.jsonl": (
+            "target int4, draft int4", "no acceptance recorded",
+            best + "| 40 | 1.56× [1.44, 1.70] | 1.42× [1.34, 1.51] |",
+            "| block | auto | 3.22 | 2.22 | 36.32 | 44.40 | 22.5 | 395.7 | 1.20× [1.13, 1.27] "),
         "float32-attention-epyc-zen4.json": (
             "| qwen2.5-coder-0.5b-instruct, 1 × 1 | 13.1 | 12.7 | 1.047× [0.890, 1.147] |",
             "| qwen2.5-coder-1.5b-instruct, 1 × 5 | 38.6 | 37.1 | 1.050× [0.918, 1.125] |"),

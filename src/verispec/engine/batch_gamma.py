@@ -88,12 +88,14 @@ import torch
 
 from verispec.drafters.base import Drafter
 from verispec.engine.costs import Acceptance, BatchCosts, interpolate
-from verispec.engine.gamma import PRIOR_ALPHA, AutoGamma, GammaPolicy, flat_best
+from verispec.engine.gamma import (EXPLORE_MARGIN, PRIOR_ALPHA, AutoGamma, GammaPolicy,
+                                   flat_best)
 from verispec.engine.request import Row
 
-__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "READING_MARGIN", "SHAPE_FRESH", "SHAPE_PRIOR",
-           "SHAPE_TRUSTED", "SHAPE_WINDOW", "SLOPE_SPAN", "IterationOverhead", "PassLevel",
-           "RowDemand", "ShapeLevels", "batch_choice", "choose_gammas", "explore", "reading_choice"]
+__all__ = ["EXPLORE_EVERY", "EXPLORE_MARGIN", "REACH_WEIGHT", "READING_MARGIN", "SHAPE_FRESH",
+           "SHAPE_PRIOR", "SHAPE_TRUSTED", "SHAPE_WINDOW", "SLOPE_SPAN", "IterationOverhead",
+           "PassLevel", "RowDemand", "ShapeLevels", "batch_choice", "choose_gammas", "explore",
+           "reading_choice"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,10 @@ OVERHEAD_DECAY = 0.99
 #: Ridge weight pulling every overhead coefficient toward 0 (an unexplored draft length is
 #: assumed free, so the policy tries it and learns its cost).
 OVERHEAD_RIDGE = 0.1
+#: Recorded iterations' worth of weight (decayed as :data:`OVERHEAD_DECAY`) that drafts at
+#: least g must carry before the engine's own time is predicted as its fit at g
+#: (:meth:`IterationOverhead.own_time`); beyond, at the longest draft that carries it.
+REACH_WEIGHT = 2.0
 #: Passes of one kind whose times set its current level (:class:`PassLevel`): enough that
 #: one pass slowed by another process does not move the median, few enough that a change
 #: of the machine's speed shows within a few seconds of decoding.
@@ -148,9 +154,6 @@ SHAPE_PRIOR = 4
 #: machine may have changed speed since): its factor on the grid is then taken at the level
 #: of its last pass, and plain decoding on it may be explored.
 SHAPE_FRESH = 256
-#: Plain decoding predicted within this fraction of a drafting batch's rate, on a shape not
-#: measured for :data:`SHAPE_FRESH` iterations, is worth measuring.
-EXPLORE_MARGIN = 0.25
 #: Iterations between two explorations (at most 1 / EXPLORE_EVERY of the iterations decode
 #: plainly where that is predicted up to :data:`EXPLORE_MARGIN` slower).
 EXPLORE_EVERY = 32
@@ -218,13 +221,15 @@ class ShapeLevels:
     grid's shape from there.
 
     A shape not measured for :data:`SHAPE_FRESH` iterations (a plain stretch ages out every
-    drafting shape) is not forgotten: once measured :data:`SHAPE_TRUSTED` times it stays
-    in the fit as its median divided by the grid at the level of its last pass (``level``
-    of :meth:`observe`), so a change of the machine's speed since then moves it with the
-    level. Forgotten, the drafting shapes of a batch that has decoded plainly for a while
-    would fall back to the grid and be priced :data:`READING_MARGIN` dearer as never
-    measured: four new rows whose drafting was predicted 21% ahead of plain decoding stayed
-    plain."""
+    drafting shape) is not forgotten: once measured :data:`SHAPE_TRUSTED` times it stays in
+    the fit as its median divided by the grid at the level of its last pass (``level`` of
+    :meth:`observe`), so a change of the machine's speed since then moves it with the level,
+    until it is measured again: then its window starts afresh (with fewer than
+    :data:`SHAPE_TRUSTED` passes, capped at the grid), so that one exploring iteration is
+    not outvoted by the passes of another minute. Forgotten, the drafting shapes of a batch
+    that has decoded plainly for a while would fall back to the grid and be priced
+    :data:`READING_MARGIN` dearer as never measured: four new rows whose drafting was
+    predicted 21% ahead of plain decoding stayed plain."""
 
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], deque[float]] = {}
@@ -240,6 +245,8 @@ class ShapeLevels:
         """A pass of ``shape`` took ``measured`` seconds while its kind of pass ran at
         ``level`` (:attr:`PassLevel.scale`) against the grid."""
         if measured > 0.0:
+            if shape in self.times and not self.fresh(shape, now):
+                del self.times[shape]  # measured again: its old passes are another minute's
             self.times.setdefault(shape, deque(maxlen=SHAPE_WINDOW)).append(measured)
             self.seen[shape] = now
             self.levels[shape] = level
@@ -329,6 +336,12 @@ class IterationOverhead:
       forgetting (:data:`OVERHEAD_DECAY` per iteration) and a ridge toward 0
       (:data:`OVERHEAD_RIDGE`), never predicted negative. Without the drafting term, a batch
       that mostly drafts would price its plain iterations with the drafting rows' work.
+      Beyond the longest draft recorded recently (:data:`REACH_WEIGHT`), the fit is taken
+      at that draft: where every drafting iteration drafted one token, c₂ and c₃ are not
+      told apart, and extrapolated (a pair that had learned its acceptance from one- and
+      two-token blocks) they priced a draft of 6 at 31 ms of own time against 2.7 ms at 1,
+      which kept longer drafts from being tried and learned. A longer draft is thus priced
+      by its passes until it is tried.
 
     An iteration recorded without its pass times (``passes`` None) leaves the levels alone.
     Iterations of one row are recorded too: a request alone weighs the same time (R = 1)
@@ -346,6 +359,8 @@ class IterationOverhead:
         self.gram = torch.zeros((self.FEATURES, self.FEATURES), dtype=torch.float64)  # [4, 4]
         self.moment = torch.zeros(self.FEATURES, dtype=torch.float64)  # [4]
         self.coef = [0.0] * self.FEATURES  # c₀..c₃ as floats (predict runs per row and g)
+        self.drafts: dict[int, float] = {}  # g > 0 -> decayed count of iterations drafting g
+        self.reach = 0  # the longest g whose own time is predicted from the fit at g
         self.iterations = 0
         self.draft_level, self.target_level = PassLevel(capped=True), PassLevel()
         self.grid: BatchCosts | None = None  # the grid the levels are relative to
@@ -358,7 +373,7 @@ class IterationOverhead:
     def own_time(self, rows: int, g: int) -> float:
         """The engine's own seconds per iteration beyond its passes (never negative)."""
         c0, c1, c2, c3 = self.coef
-        drafting = c2 * rows + c3 * rows * g if g > 0 else 0.0
+        drafting = c2 * rows + c3 * rows * min(g, max(self.reach, 1)) if g > 0 else 0.0
         return max(c0 + c1 * rows + drafting, 0.0)
 
     def drift(self, rows: int, g: int) -> float:
@@ -382,6 +397,13 @@ class IterationOverhead:
         drift = self.drift(rows, g)
         return (min(drift, 0.0) if optimistic else drift) + self.own_time(rows, g)
 
+    def drafting_stale(self, rows: int | None = None) -> bool:
+        """No drafting iteration (of ``rows`` cache rows, if given) has been recorded for
+        :data:`SHAPE_FRESH` iterations (or ever)."""
+        return not any((rows is None or r == rows)
+                       and self.draft_shapes.fresh((r, g), self.iterations)
+                       for r, g in self.draft_shapes.seen)
+
     def measured(self, rows: int, g: int) -> bool:
         """Whether the passes of an iteration of ``rows`` cache rows and longest draft g
         (target pass and draft passes) are predicted from measurements of their shapes
@@ -397,6 +419,15 @@ class IterationOverhead:
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
         ridge = torch.eye(self.FEATURES, dtype=torch.float64) * OVERHEAD_RIDGE
         self.coef = torch.linalg.solve(self.gram + ridge, self.moment).tolist()
+        self.drafts = {x: w * OVERHEAD_DECAY for x, w in self.drafts.items()}
+        if g > 0:
+            self.drafts[g] = self.drafts.get(g, 0.0) + 1.0
+        self.reach, carried = 0, 0.0
+        for x in sorted(self.drafts, reverse=True):  # weight of the drafts of x or longer
+            carried += self.drafts[x]
+            if carried >= REACH_WEIGHT:
+                self.reach = x
+                break
         self.iterations += 1
 
     def grid_for(self, rows: Sequence[Row], gammas: Sequence[int]) -> BatchCosts | None:
@@ -427,6 +458,8 @@ class IterationOverhead:
         if passes is not None:
             drafting, scoring = passes
             if g > 0:
+                if self.drafting_stale():  # drafting again after a while: the level is now's
+                    self.draft_level.ratios.clear()
                 self.draft_level.observe(drafting, costs.draft_passes(cache_rows, g))
                 self.draft_shapes.observe((cache_rows, g), drafting, self.iterations,
                                           self.draft_level.scale)
@@ -498,12 +531,15 @@ def choose_gammas(rows: Sequence[Row], caps: Sequence[int],
     """γ for every active row of an iteration; ``caps[b]`` is the longest draft row b has
     room for; ``overhead``: the engine's learned time beyond the passes (None: none).
     One row, or no shared batch grid: each policy's own :meth:`choose` (one row with a grid:
-    given the overhead at R = 1)."""
+    given the overhead at R = 1, and told to explore where no drafting iteration of one row
+    has been recorded lately: :meth:`IterationOverhead.drafting_stale`)."""
     policies: list[GammaPolicy] = [r.request.gamma for r in rows]  # type: ignore[misc]
     costs = _shared_costs(policies)
     if costs is None or len(rows) == 1:
-        alone = None if costs is None or overhead is None else _alone(rows[0], overhead)
-        return [min(p.choose(alone), cap) for p, cap in zip(policies, caps, strict=True)]
+        if costs is None or overhead is None:
+            return [min(p.choose(), cap) for p, cap in zip(policies, caps, strict=True)]
+        stale = overhead.drafting_stale(_cache_rows([rows[0].num_drafts], [1]))
+        return [min(policies[0].choose(_alone(rows[0], overhead), stale), caps[0])]
     # a batch admitted at once decodes its first tokens plainly (none includes a reading)
     first = all(isinstance(p, AutoGamma) and p.reading_deferred for p in policies)
     demands, readings = [], {}

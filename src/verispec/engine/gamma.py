@@ -13,9 +13,9 @@ from typing import Protocol
 from verispec.checks import check_positive
 from verispec.engine.costs import Acceptance, Overhead, PassCosts
 
-__all__ = ["FLAT_TOLERANCE", "HISTORY_CAP", "ROW_DECAY", "Acceptance", "AcceptanceCounts",
-           "AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory", "PassCosts", "best_gamma",
-           "flat_best"]
+__all__ = ["EXPLORE_MARGIN", "FLAT_TOLERANCE", "HISTORY_CAP", "ROW_DECAY", "Acceptance",
+           "AcceptanceCounts", "AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory",
+           "PassCosts", "best_gamma", "flat_best"]
 
 
 class GammaPolicy(Protocol):
@@ -35,10 +35,11 @@ class GammaPolicy(Protocol):
         ``fixed_length``: it decodes its whole budget (EOS ignored); ``streamed``: its
         caller sees each token as it comes, so the time to its first token counts."""
 
-    def choose(self, overhead: Overhead | None = None) -> int:
+    def choose(self, overhead: Overhead | None = None, explore: bool = False) -> int:
         """γ for the next iteration (the engine caps it by the room left); ``overhead``:
         what an iteration costs beyond its passes, as the engine has measured it (None:
-        nothing)."""
+        nothing); ``explore``: the engine has not measured a drafting iteration of this
+        request's shape for a while, so one near the best is worth measuring."""
 
     def observe(self, drafted: int, accepted: int) -> None:
         """The iteration drafted ``drafted`` tokens and accepted ``accepted`` of them."""
@@ -62,7 +63,7 @@ class FixedGamma:
               streamed: bool = True) -> None:
         return None
 
-    def choose(self, overhead: Overhead | None = None) -> int:
+    def choose(self, overhead: Overhead | None = None, explore: bool = False) -> int:
         return self.gamma
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -94,6 +95,11 @@ FLAT_TOLERANCE = 0.01
 #: The draft reads a request's context at once when the time drafting is expected to save
 #: over this share of the token budget covers that reading.
 PAYBACK_SHARE = 0.5
+#: A side not measured recently and predicted within this fraction of the chosen side's rate
+#: is worth measuring: plain decoding in a batch that drafts
+#: (:func:`~verispec.engine.batch_gamma.explore`), drafting for a request alone whose draft
+#: has not read its context (:meth:`AutoGamma.choose` with ``explore``).
+EXPLORE_MARGIN = 0.25
 
 
 class AcceptanceCounts:
@@ -225,16 +231,20 @@ class AutoGamma:
     (as in ski rental: by the estimate, the wait loses at most what one reading costs). A request
     of fixed length (EOS ignored) knows how many tokens it has left: it reads as soon as
     they would repay the reading. While it waits it does not probe (a probe would need the
-    reading). So that a pessimistic prior cannot keep a pair from ever drafting, requests
-    with a :class:`PairHistory` that knows fewer than ``HISTORY_MIN`` positions draft at
-    least one token per iteration, from the second token: they pay a prompt
-    reading to learn the pair's acceptance for the requests after them — alone, not in a
-    batch: there a drafting row pads every row's pass to its block, which costs the batch
-    more than the learning is worth. In a batch of several rows the engine chooses every
-    ``auto`` row's γ together from the measured cost of a batched pass (:meth:`batch_bounds`,
-    :mod:`verispec.engine.batch_gamma`). γ depends only on the past, so every lossless
-    verifier stays lossless.
-    """
+    reading), except where the engine says (``explore``) that no drafting iteration of its
+    shape has been measured for a while: then, if drafting at its best γ is predicted within
+    :data:`EXPLORE_MARGIN` of plain decoding and the reading costs at most that share of
+    plain decoding's time over its payback tokens, it reads and drafts, so that passes
+    measured in another state of the machine (a host whose one-token passes run at two
+    speeds) do not keep every later request plain. So that a pessimistic prior cannot keep a
+    pair from ever drafting, requests with a :class:`PairHistory` that knows fewer than
+    ``HISTORY_MIN`` positions draft at least one token per iteration, from the second token:
+    they pay a prompt reading to learn the pair's acceptance for the requests after them —
+    alone, not in a batch: there a drafting row pads every row's pass to its block, which
+    costs the batch more than the learning is worth. In a batch of several rows the engine
+    chooses every ``auto`` row's γ together from the measured cost of a batched pass
+    (:meth:`batch_bounds`, :mod:`verispec.engine.batch_gamma`). γ depends only on the past,
+    so every lossless verifier stays lossless."""
 
     def __init__(self, costs: PassCosts, max_gamma: int = 12, min_gamma: int = 0,
                  history: PairHistory | None = None) -> None:
@@ -282,7 +292,7 @@ class AutoGamma:
         if self._prior is None:
             self._prior = self.prior
 
-    def choose(self, overhead: Overhead | None = None) -> int:
+    def choose(self, overhead: Overhead | None = None, explore: bool = False) -> int:
         self._first_choice()
         if self.reading_deferred:
             return 0
@@ -294,7 +304,9 @@ class AutoGamma:
         if not self.drafting:
             saving = self.costs.saving(self.acceptance, gamma, overhead)
             if gamma == 0 or not self._reading_pays(saving):
-                return 0
+                gamma = self._exploration(overhead) if explore else 0
+                if gamma == 0:
+                    return 0
             self.drafting = True
         if gamma == 0:
             self.idle += 1
@@ -304,6 +316,18 @@ class AutoGamma:
         else:
             self.idle = 0
         return gamma
+
+    def _exploration(self, overhead: Overhead | None) -> int:
+        """The best γ > 0 where its expected rate is within :data:`EXPLORE_MARGIN` of plain
+        decoding's and the reading costs at most that share of plain decoding's time over
+        :attr:`payback_tokens` (a long prompt with a short budget is not read to explore),
+        else 0."""
+        acceptance, top = self.acceptance, max(self.max_gamma, 1)
+        rates = [acceptance.tokens(g) / self.costs.iteration(g, overhead)
+                 for g in range(top + 1)]
+        gamma = 1 + flat_best(rates[1:])
+        cheap = self.reading_seconds <= EXPLORE_MARGIN * self.payback_tokens / rates[0]
+        return gamma if cheap and rates[gamma] >= (1.0 - EXPLORE_MARGIN) * rates[0] else 0
 
     @property
     def reading_deferred(self) -> bool:

@@ -18,7 +18,9 @@ Two deployments make the application (:func:`build_app`):
   :func:`verispec.server.ray_runner.local_serve_env`). Ray Serve's
   router picks the engine replica (power of two choices: the shorter queue of two
   replicas drawn at random). If the replica dies before a response started, the request
-  goes to another replica (:data:`MAX_ATTEMPTS` in all); if it dies mid-response, a stream
+  goes to another replica (:data:`MAX_ATTEMPTS` in all), and so does a request the replica
+  refused as full (the router's queue lengths lag a burst; the last attempt's 429 is the
+  client's answer); if it dies mid-response, a stream
   ends with an OpenAI error event (``code: replica_failed``) and never hangs.
   ``/metrics`` is answered here: every engine replica's series with a ``replica`` label
   (:mod:`verispec.server.replica_metrics`), plus the ingress's own counters.
@@ -56,8 +58,8 @@ from verispec.server.inprocess import ForwardedRequest, Lifespan, Message, call_
 from verispec.server.replica_metrics import PUBLISH_PERIOD_S, Snapshot, merge_snapshots
 from verispec.server.replica_options import ModelSpec, ReplicaOptions
 
-__all__ = ["APP_NAME", "MAX_ATTEMPTS", "VerispecEngine", "VerispecIngress", "app_builder",
-           "build_app", "deployment_options"]
+__all__ = ["APP_NAME", "FULL_STATUS", "MAX_ATTEMPTS", "VerispecEngine", "VerispecIngress",
+           "app_builder", "build_app", "deployment_options"]
 
 log = logging.getLogger("verispec.server")
 
@@ -65,6 +67,8 @@ log = logging.getLogger("verispec.server")
 APP_NAME = "verispec"
 #: Tries of a request whose replica failed before answering (the first one included).
 MAX_ATTEMPTS = 3
+#: An engine replica's answer when its rows and queue are full.
+FULL_STATUS = 429
 #: An ingress replica takes this many requests at once per engine replica it may face.
 INGRESS_PER_ENGINE = 2
 #: Ray Serve waits this much longer than the engines' drain for the ingress to drain.
@@ -162,23 +166,32 @@ class VerispecEngine:
 
 class _Relay:
     """Sends one response's ASGI messages to the client; holds the start back until the
-    first body chunk, so a replica lost before that leaves nothing sent."""
+    first body chunk, so a replica lost before that leaves nothing sent. With
+    ``hold_refusal``, a replica's 429 (its queue full) is not sent either: :attr:`refused`
+    is set and the rest of that answer dropped, so the request can go to another replica."""
 
-    def __init__(self, send: Callable[[Message], Any]) -> None:
+    def __init__(self, send: Callable[[Message], Any], hold_refusal: bool = False) -> None:
         self.send = send
         self.pending_start: Message | None = None
         self.started = False
         self.ended = False
         self.event_stream = False
+        self.hold_refusal = hold_refusal
+        self.refused = False
 
     async def feed(self, batch: list[Message]) -> None:
         for message in batch:
+            if self.refused:
+                return
             if message["type"] == "http.response.start":
                 self.pending_start = message
                 content_type = dict(message.get("headers", ())).get(b"content-type", b"")
                 self.event_stream = bytes(content_type).startswith(b"text/event-stream")
                 continue
             if self.pending_start is not None:
+                if self.hold_refusal and self.pending_start.get("status") == FULL_STATUS:
+                    self.refused = True
+                    return
                 await self.send(self.pending_start)
                 self.pending_start, self.started = None, True
             self.ended = not message.get("more_body", False)
@@ -249,6 +262,9 @@ class VerispecIngress:
         self.rerouted = Counter("verispec_ingress_rerouted", "requests sent to another engine "
                                 "replica because theirs failed before answering", ["ingress"],
                                 registry=self.registry)
+        self.refused = Counter("verispec_ingress_refusals_rerouted", "requests sent to "
+                               "another engine replica because theirs answered that its "
+                               "queue was full", ["ingress"], registry=self.registry)
         self.broken = Counter("verispec_ingress_broken_responses", "responses cut by a failed "
                               "engine replica (streams end with an error event)", ["ingress"],
                               registry=self.registry)
@@ -276,13 +292,21 @@ class VerispecIngress:
             await self._forward(ForwardedRequest.from_scope(scope, body), send)
 
     async def _forward(self, request: ForwardedRequest, send: Callable[[Message], Any]) -> None:
-        """Forward ``request``; retry on another replica while nothing was answered."""
+        """Forward ``request``; retry on another replica while nothing was answered, or
+        while the replica answered that its queue is full (the router's view of the
+        replicas' queues lags a burst: the last attempt's refusal is the answer)."""
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            relay = _Relay(send)
+            relay = _Relay(send, hold_refusal=attempt < MAX_ATTEMPTS)
             response = self.engine.remote(request)
             try:
                 async for batch in response:
                     await relay.feed(batch)
+                    if relay.refused:
+                        break
+                if relay.refused:
+                    response.cancel()
+                    self.refused.labels(self.replica).inc()
+                    continue
                 await relay.finish()
                 return
             except (asyncio.CancelledError, RequestCancelledError):

@@ -63,7 +63,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
                               ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int]
-    if lib.vs_attention_width() != WIDTH:
+    if (lib.vs_attention_width(), lib.vs_attention_float_width()) != (
+            WIDTHS[torch.float64], WIDTHS[torch.float32]):
         return None, "torch's attention (verispec's library has other constants)"
     return cbuild.isa_library(lib, "vs_attention_isa", ISAS, ("AVX2 with FMA", "AVX-512"),
                               ATTENTION_ENV, _requested() == "avx2", "verispec's attention",

@@ -46,6 +46,7 @@ int vs_attention_isa(void) {
 }
 
 int vs_attention_width(void) { return VS_W; }
+int vs_attention_float_width(void) { return VS_FW; }
 
 static inline __attribute__((always_inline)) vd splat(double x) {
     vd v;
