@@ -379,6 +379,11 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "target int4, draft int4", "no acceptance recorded",
             best + "| 40 | 1.56× [1.44, 1.70] | 1.42× [1.34, 1.51] |",
             "| block | auto | 3.22 | 2.22 | 36.32 | 44.40 | 22.5 | 395.7 | 1.20× [1.13, 1.27] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-explore-recorded-results.jsonl": (
+            "target int4, draft int4", "from 1024 positions recorded by earlier runs",
+            best + "| 40 | 1.59× [1.48, 1.71] | 1.44× [1.35, 1.53] |",
+            best + "| 40 | 1.54× [1.41, 1.68] | 1.33× [1.27, 1.39] |",
+            "| block | auto | 2.27 | 1.27 | 34.03 | 39.65 | 25.2 | 397.9 | 1.13× [1.04, 1.22] "),
         "float32-attention-epyc-zen4.json": (
             "| qwen2.5-coder-0.5b-instruct, 1 × 1 | 13.1 | 12.7 | 1.047× [0.890, 1.147] |",
             "| qwen2.5-coder-1.5b-instruct, 1 × 5 | 38.6 | 37.1 | 1.050× [0.918, 1.125] |"),
