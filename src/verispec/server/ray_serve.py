@@ -65,7 +65,8 @@ log = logging.getLogger("verispec.server")
 
 #: The application's name when ``verispec serve --replicas`` runs it.
 APP_NAME = "verispec"
-#: Tries of a request whose replica failed before answering (the first one included).
+#: Tries of a request whose replica failed before answering or answered that it was full
+#: (the first one included).
 MAX_ATTEMPTS = 3
 #: An engine replica's answer when its rows and queue are full.
 FULL_STATUS = 429
@@ -262,9 +263,9 @@ class VerispecIngress:
         self.rerouted = Counter("verispec_ingress_rerouted", "requests sent to another engine "
                                 "replica because theirs failed before answering", ["ingress"],
                                 registry=self.registry)
-        self.refused = Counter("verispec_ingress_refusals_rerouted", "requests sent to "
-                               "another engine replica because theirs answered that its "
-                               "queue was full", ["ingress"], registry=self.registry)
+        self.refused = Counter("verispec_ingress_refusals_rerouted", "requests offered to "
+                               "the router again because their engine replica answered that "
+                               "its queue was full", ["ingress"], registry=self.registry)
         self.broken = Counter("verispec_ingress_broken_responses", "responses cut by a failed "
                               "engine replica (streams end with an error event)", ["ingress"],
                               registry=self.registry)
