@@ -437,6 +437,9 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
         "serve-gamma-auto-one-client-epyc-zen4.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 0.990× [0.966, 1.014] | 0.608× [0.514, 0.721] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.050× [0.972, 1.135] | 0.688× [0.583, 0.812] |"),
+        "serve-gamma-auto-one-client-epyc-zen4-explore.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 0.995× [0.959, 1.034] | 0.596× [0.514, 0.691] |",
+            "| 1 | 1 | block γ=auto | block γ=8 | 1.080× [1.040, 1.122] | 0.662× [0.602, 0.729] |"),
         "serve-gamma-auto-epyc-zen4-recent-blocks.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 1.059× [0.969, 1.158] | 0.629× [0.543, 0.729] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.019× [0.866, 1.199] | 0.711× [0.494, 1.021] |",
