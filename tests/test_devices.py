@@ -40,9 +40,9 @@ from test_statistical import (
 from verifier_doubles import TargetResidual
 
 from verispec import generate, generate_batch
-from verispec.engine.batch_gamma import LEVEL_WINDOW, IterationOverhead
 from verispec.engine.costs import measure_costs
 from verispec.engine.gamma import AutoGamma
+from verispec.engine.overhead import LEVEL_WINDOW, IterationOverhead
 from verispec.engine.loop import Engine
 from verispec.engine.protocols import Method
 from verispec.engine.request import Request

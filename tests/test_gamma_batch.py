@@ -14,11 +14,11 @@ from verifier_doubles import TargetResidual
 from verispec.api import make_drafter
 from verispec.checks import TOLERANCE
 from verispec.engine import batch_gamma, loop
-from verispec.engine.batch_gamma import (EXPLORE_EVERY, IterationOverhead, RowDemand, batch_choice,
-                                         choose_gammas)
+from verispec.engine.batch_gamma import RowDemand, batch_choice, choose_gammas
 from verispec.engine.costs import Acceptance, BatchCosts
 from verispec.engine.gamma import AcceptanceCounts, AutoGamma, PassCosts
 from verispec.engine.loop import Engine
+from verispec.engine.overhead import EXPLORE_EVERY, IterationOverhead
 from verispec.engine.protocols import SingleDraftMethod
 from verispec.engine.request import Request
 from verispec.methods import build_method

@@ -12,11 +12,11 @@ from test_gamma_batch import (ALPHA, BALANCED, DRAFT_STEP, FLAT, KS, LINEAR, MAX
                               _choice, _rows, counts)
 
 from verispec.api import make_drafter
-from verispec.engine.batch_gamma import (IterationOverhead, RowDemand, batch_choice,
-                                         choose_gammas, reading_choice)
+from verispec.engine.batch_gamma import RowDemand, batch_choice, choose_gammas, reading_choice
 from verispec.engine.costs import Acceptance, BatchCosts
 from verispec.engine.gamma import HISTORY_MIN, AutoGamma, PairHistory, best_gamma
 from verispec.engine.loop import Engine
+from verispec.engine.overhead import IterationOverhead
 from verispec.engine.request import Request
 from verispec.methods import build_method
 from verispec.models.toy import RandomContextLM

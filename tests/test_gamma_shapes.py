@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 from test_gamma_batch import DRAFT_STEP, KS, MAX_GAMMA, ROWS, _rows, counts
 
-from verispec.engine.batch_gamma import (EXPLORE_EVERY, READING_MARGIN, SHAPE_FRESH,
-                                         SHAPE_PRIOR, SHAPE_TRUSTED, SHAPE_WINDOW, SLOPE_SPAN,
-                                         IterationOverhead, PassLevel, RowDemand, ShapeLevels,
-                                         batch_choice, batch_rate, choose_gammas,
-                                         reading_choice)
+from verispec.engine.batch_gamma import (READING_MARGIN, RowDemand, batch_choice, batch_rate,
+                                         choose_gammas, reading_choice)
 from verispec.engine.costs import Acceptance, BatchCosts
 from verispec.engine.gamma import AutoGamma, FixedGamma, PairHistory
+from verispec.engine.overhead import (EXPLORE_EVERY, SHAPE_FRESH, SHAPE_PRIOR, SHAPE_TRUSTED,
+                                      SHAPE_WINDOW, SLOPE_SPAN, IterationOverhead, PassLevel,
+                                      ShapeLevels)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Drafter
-from verispec.engine.batch_gamma import IterationOverhead
+from verispec.engine.overhead import IterationOverhead
 from verispec.engine.costs import BATCH_ROWS, measure_costs
 from verispec.engine.gamma import AutoGamma, FixedGamma, GammaPolicy, PairHistory, PassCosts
 from verispec.engine.history import pair_history_for

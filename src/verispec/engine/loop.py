@@ -29,7 +29,8 @@ import torch
 
 from verispec.checks import check_positive
 from verispec.drafters.base import Draft
-from verispec.engine.batch_gamma import IterationOverhead, choose_gammas
+from verispec.engine.batch_gamma import choose_gammas
+from verispec.engine.overhead import IterationOverhead
 from verispec.engine.gather import Scored, gather_verify_batch, greedy_verdict, score_blocks
 from verispec.engine.memory import keep_freed_memory
 from verispec.engine.request import GenerationOutput, Request, Row, accept_tokens, check_request
@@ -61,7 +62,7 @@ class PhaseClock:
 class Engine:
     """Decodes the requests submitted to it, ``batch_size`` rows at a time. ``overhead``
     learns the engine's own time per batched iteration for the batch γ policy (default: a
-    fresh :class:`~verispec.engine.batch_gamma.IterationOverhead` on the wall clock)."""
+    fresh :class:`~verispec.engine.overhead.IterationOverhead` on the wall clock)."""
 
     def __init__(self, target: CausalLM, *, batch_size: int = 1, profile: bool = False,
                  overhead: IterationOverhead | None = None) -> None:

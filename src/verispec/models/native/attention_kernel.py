@@ -32,13 +32,12 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["ATTENTION_ENV", "ISAS", "WIDTH", "WIDTHS", "attend", "available", "exact_dtype", "isa",
-           "status", "takes"]
+__all__ = ["ATTENTION_ENV", "ISAS", "WIDTHS", "attend", "available", "exact_dtype", "isa", "status",
+           "takes"]
 
 SOURCE = Path(__file__).with_name("csrc") / "attention.c"
-WIDTH = 8  # doubles per vector (VS_W): head dimensions must be a multiple
 #: elements per vector of each cache dtype (VS_W, VS_FW): head dimensions must be a multiple
-WIDTHS = {torch.float64: WIDTH, torch.float32: 16}
+WIDTHS = {torch.float64: 8, torch.float32: 16}
 MAX_HEAD_DIM = 512  # VS_MAX_D
 ISAS = {1: "avx2", 2: "avx512"}  # the C source's VS_ISA_* codes
 ATTENTION_ENV = "VERISPEC_ATTENTION"
@@ -93,17 +92,20 @@ def exact_dtype(device: torch.device, head_dim: int) -> torch.dtype:
     where this kernel runs on ``device`` and takes ``head_dim`` in float32 (each query alone,
     in one fixed order), float64 for torch's attention, which is pass-independent in float64
     up to a float32 rounding tie (:meth:`~verispec.models.native.model.Transformer.attend`)."""
-    width = WIDTHS[torch.float32]
-    fits = head_dim % width == 0 and width <= head_dim <= MAX_HEAD_DIM
+    fits = _fits(head_dim, torch.float32)
     return torch.float32 if device.type == "cpu" and fits and available() else torch.float64
+
+
+def _fits(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel takes heads of ``head_dim`` over a cache of ``dtype``."""
+    width = WIDTHS.get(dtype)
+    return width is not None and head_dim % width == 0 and width <= head_dim <= MAX_HEAD_DIM
 
 
 def takes(q: Tensor, cache_k: Tensor) -> bool:
     """Whether :func:`attend` runs these tensors: CPU, a float64 or float32 cache, a head
     dimension it takes, and the kernel built here."""
-    d, width = q.shape[-1], WIDTHS.get(cache_k.dtype)
-    return (q.device.type == "cpu" and width is not None
-            and d % width == 0 and width <= d <= MAX_HEAD_DIM and available())
+    return q.device.type == "cpu" and _fits(q.shape[-1], cache_k.dtype) and available()
 
 
 def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Tensor, *,
