@@ -206,6 +206,25 @@ def test_pass_levels_follow_the_measured_passes() -> None:
     assert busy.target_level.scale == pytest.approx(1.25)
 
 
+def test_a_prediction_is_kept_only_until_the_next_recorded_iteration() -> None:
+    """The batch policy prices each shape for many candidate choices per iteration, so a
+    prediction is kept per shape; every recorded iteration (new levels, a new fit) replaces
+    it with what the record now says, and passes slowing down move it."""
+    policy = AutoGamma(LINEAR.single(), max_gamma=MAX_GAMMA)
+    learned, moved = IterationOverhead(), 0
+    for i in range(30):
+        g = [0, 2, 4][i % 3]
+        slow = 1.0 + i / 10  # the passes slow down iteration by iteration
+        passes = (slow * LINEAR.draft_passes(8, g), slow * LINEAR.target_pass(8, g + 1))
+        before = learned.predict(8, 4)
+        learned.record(_rows([policy] * 8), [g] * 8, sum(passes) + 0.01,  # type: ignore[arg-type]
+                       passes)
+        after = learned.predict(8, 4)
+        assert after == learned.drift(8, 4) + learned.own_time(8, 4)
+        moved += after != before
+    assert moved == 30
+
+
 def test_a_shape_the_grid_underprices_is_learned() -> None:
     """A grid on which 8 rows draft (extra tokens nearly free); the engine measures one-token
     passes as the grid says (the level stays 1) and multi-token passes dearer than its shape

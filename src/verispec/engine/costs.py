@@ -268,8 +268,18 @@ class BatchCosts:
 
     def iteration(self, rows: int, gamma: int) -> float:
         """Seconds of one iteration of ``rows`` rows whose longest draft is γ tokens: γ
-        draft passes over the rows and one padded target pass over γ + 1 tokens per row."""
-        return self.draft_passes(rows, gamma) + self.target_pass(rows, gamma + 1)
+        draft passes over the rows and one padded target pass over γ + 1 tokens per row
+        (kept per shape: the grid never changes, and the batch policy prices the same
+        shapes for many candidate choices every iteration)."""
+        known = self._iterations
+        if (rows, gamma) not in known:
+            known[(rows, gamma)] = (self.draft_passes(rows, gamma)
+                                    + self.target_pass(rows, gamma + 1))
+        return known[(rows, gamma)]
+
+    @cached_property
+    def _iterations(self) -> dict[tuple[int, int], float]:
+        return {}
 
     def single(self) -> PassCosts:
         """The R = 1 slice as single-row costs, this grid attached for batch choices."""

@@ -15,7 +15,7 @@ from verispec.engine.costs import Acceptance, Overhead, PassCosts
 
 __all__ = ["EXPLORE_MARGIN", "FLAT_TOLERANCE", "HISTORY_CAP", "ROW_DECAY", "Acceptance",
            "AcceptanceCounts", "AutoGamma", "FixedGamma", "GammaPolicy", "PairHistory",
-           "PassCosts", "best_gamma", "flat_best"]
+           "PassCosts", "best_gamma", "expected_rates", "flat_best"]
 
 
 class GammaPolicy(Protocol):
@@ -177,13 +177,18 @@ class PairHistory(AcceptanceCounts):
             self.scale(HISTORY_CAP / self.tested)
 
 
+def expected_rates(acceptance: Acceptance, costs: PassCosts, max_gamma: int,
+                   overhead: Overhead | None = None) -> list[float]:
+    """Expected tokens per second of γ = 0..max_gamma:
+    E[tokens](γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ))."""
+    return [acceptance.tokens(g) / costs.iteration(g, overhead) for g in range(max_gamma + 1)]
+
+
 def best_gamma(acceptance: Acceptance, costs: PassCosts, max_gamma: int,
                overhead: Overhead | None = None) -> int:
-    """The shortest γ in [0, max_gamma] whose expected tokens per second,
-    E[tokens](γ) / (γ · t_draft + t_target(γ + 1) + overhead(γ)), is within
+    """The shortest γ in [0, max_gamma] whose :func:`expected_rates` entry is within
     :data:`FLAT_TOLERANCE` of the best."""
-    return flat_best([acceptance.tokens(g) / costs.iteration(g, overhead)
-                      for g in range(max_gamma + 1)])
+    return flat_best(expected_rates(acceptance, costs, max_gamma, overhead))
 
 
 def flat_best(rates: Sequence[float]) -> int:
@@ -296,15 +301,16 @@ class AutoGamma:
         self._first_choice()
         if self.reading_deferred:
             return 0
-        gamma = max(best_gamma(self.acceptance, self.costs, self.max_gamma, overhead),
-                    self.min_gamma)
+        acceptance = self.acceptance
+        rates = expected_rates(acceptance, self.costs, self.max_gamma, overhead)
+        gamma = max(flat_best(rates), self.min_gamma)
         if self.learning:
             self.drafting = True  # the pair is new: learn its acceptance (reads the prompt)
             return max(gamma, 1)
         if not self.drafting:
-            saving = self.costs.saving(self.acceptance, gamma, overhead)
+            saving = self.costs.saving(acceptance, gamma, overhead)
             if gamma == 0 or not self._reading_pays(saving):
-                gamma = self._exploration(overhead) if explore else 0
+                gamma = self._exploration(rates) if explore else 0
                 if gamma == 0:
                     return 0
             self.drafting = True
@@ -317,15 +323,12 @@ class AutoGamma:
             self.idle = 0
         return gamma
 
-    def _exploration(self, overhead: Overhead | None) -> int:
-        """The best γ > 0 where its expected rate is within :data:`EXPLORE_MARGIN` of plain
-        decoding's and the reading costs at most that share of plain decoding's time over
-        :attr:`payback_tokens` (a long prompt with a short budget is not read to explore),
-        else 0."""
-        acceptance, top = self.acceptance, max(self.max_gamma, 1)
-        rates = [acceptance.tokens(g) / self.costs.iteration(g, overhead)
-                 for g in range(top + 1)]
-        gamma = 1 + flat_best(rates[1:])
+    def _exploration(self, rates: Sequence[float]) -> int:
+        """The best γ > 0 where its expected rate (``rates``: :func:`expected_rates`, γ = 0
+        first) is within :data:`EXPLORE_MARGIN` of plain decoding's and the reading costs at
+        most that share of plain decoding's time over :attr:`payback_tokens` (a long prompt
+        with a short budget is not read to explore), else 0."""
+        gamma = 1 + flat_best(rates[1:])  # max_gamma >= 1: rates has γ = 1 at least
         cheap = self.reading_seconds <= EXPLORE_MARGIN * self.payback_tokens / rates[0]
         return gamma if cheap and rates[gamma] >= (1.0 - EXPLORE_MARGIN) * rates[0] else 0
 

@@ -275,6 +275,7 @@ class IterationOverhead:
         self.draft_level, self.target_level = PassLevel(capped=True), PassLevel()
         self.grid: BatchCosts | None = None  # the grid the levels are relative to
         self.drafters: set[Hashable] = set()  # cost keys of the auto rows' drafters recorded
+        self._predicted: dict[tuple[int, int, bool], float] = {}  # predict's, until a record
 
     @staticmethod
     def _features(rows: int, g: int) -> torch.Tensor:
@@ -303,9 +304,15 @@ class IterationOverhead:
 
     def predict(self, rows: int, g: int, optimistic: bool = False) -> float:
         """Seconds beyond the grid's passes: the passes' drift plus the engine's own time
-        (``optimistic``: the drift only where it makes the passes faster than the grid)."""
-        drift = self.drift(rows, g)
-        return (min(drift, 0.0) if optimistic else drift) + self.own_time(rows, g)
+        (``optimistic``: the drift only where it makes the passes faster than the grid).
+        Kept per shape until the next iteration is recorded: the batch policy prices the
+        same shapes for many candidate choices."""
+        key = (rows, g, optimistic)
+        if key not in self._predicted:
+            drift = self.drift(rows, g)
+            self._predicted[key] = ((min(drift, 0.0) if optimistic else drift)
+                                    + self.own_time(rows, g))
+        return self._predicted[key]
 
     def drafting_stale(self, rows: int | None = None) -> bool:
         """No drafting iteration (of ``rows`` cache rows, if given) has been recorded for
@@ -324,6 +331,7 @@ class IterationOverhead:
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
         engine's own time."""
+        self._predicted.clear()
         f = self._features(rows, g)
         self.gram = self.gram * OVERHEAD_DECAY + torch.outer(f, f)
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
@@ -358,6 +366,7 @@ class IterationOverhead:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft passes, target pass) when timed: recorded
         against :meth:`grid_for` (if any)."""
+        self._predicted.clear()  # the levels, shapes and fit change below
         self.drafters |= _drafters(rows, gammas, auto_only=True)
         costs = self.grid_for(rows, gammas)
         if costs is None:
