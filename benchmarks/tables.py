@@ -244,6 +244,8 @@ KINDS: tuple[Kind, ...] = (
                  "engine_overhead"),
     _script_kind("engine-guard-*.json", "one engine against a baseline checkout",
                  "engine_guard"),
+    _script_kind("policy-time-*.json", "the time of γ auto's batch choice per iteration",
+                 "policy_time"),
     _script_kind("retime-*.json", "a stale library split re-timed while running",
                  "retime_stale_split"),
     _script_kind("int8-codes-*.json", "int8 passes with the activation codes of the fused "

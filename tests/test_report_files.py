@@ -440,6 +440,18 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
         "serve-gamma-auto-one-client-epyc-zen4-explore.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 0.995× [0.959, 1.034] | 0.596× [0.514, 0.691] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.080× [1.040, 1.122] | 0.662× [0.602, 0.729] |"),
+        "serve-gamma-auto-epyc-zen4-explore-2e9c357.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 1.017× [0.874, 1.184] | 0.622× [0.541, 0.716] |",
+            "| 0 | 16 | block γ=auto | ar | 0.960× [0.916, 1.006] | 1.107× [0.951, 1.289] |",
+            "| 1 | 1 | block γ=auto | block γ=8 | 1.032× [0.784, 1.358] | 0.678× [0.581, 0.792] |"),
+        "serve-gamma-auto-epyc-zen4-explore.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 0.962× [0.778, 1.190] | 0.523× [0.330, 0.831] |",
+            "| 1 | 4 | block γ=auto | ar | 0.930× [0.774, 1.116] | 1.114× [0.672, 1.848] |"),
+        "serve-gamma-auto-4-8-clients-epyc-zen4-explore.json": (
+            "| 0 | 4 | block γ=auto | ar | 0.988× [0.881, 1.110] | 1.036× [0.793, 1.352] |",
+            "| 1 | 8 | block γ=auto | ar | 0.974× [0.793, 1.196] | 1.098× [0.734, 1.642] |"),
+        "policy-time-epyc-zen4.json": ("| baseline | 4 | 0.602 | 0.578 | 54.8 | 0, 0 |",
+                                       "| this | 4 | 0.381 | 0.378 | 49.3 | 0, 0 |"),
         "serve-gamma-auto-epyc-zen4-recent-blocks.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 1.059× [0.969, 1.158] | 0.629× [0.543, 0.729] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.019× [0.866, 1.199] | 0.711× [0.494, 1.021] |",
