@@ -244,6 +244,8 @@ KINDS: tuple[Kind, ...] = (
                  "engine_overhead"),
     _script_kind("engine-guard-*.json", "one engine against a baseline checkout",
                  "engine_guard"),
+    _script_kind("draft-step-bytes-*.json", "the int4 draft's one-token step against the "
+                 "time of reading its weights", "draft_step_bytes"),
     _script_kind("policy-time-*.json", "the time of γ auto's batch choice per iteration",
                  "policy_time"),
     _script_kind("retime-*.json", "a stale library split re-timed while running",

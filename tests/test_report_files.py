@@ -450,6 +450,9 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
         "serve-gamma-auto-4-8-clients-epyc-zen4-explore.json": (
             "| 0 | 4 | block γ=auto | ar | 0.988× [0.881, 1.110] | 1.036× [0.793, 1.352] |",
             "| 1 | 8 | block γ=auto | ar | 0.974× [0.793, 1.196] | 1.098× [0.734, 1.642] |"),
+        "draft-step-bytes-epyc-zen4.json": (
+            "int4 draft: 97 int4 layers reading 277.9 MB per pass",
+            "| 0 | 11.35 | 33.6 | 8.28 | 1.37 |", "| 4 | 11.64 | 35.5 | 7.83 | 1.49 |"),
         "policy-time-epyc-zen4.json": ("| baseline | 4 | 0.602 | 0.578 | 54.8 | 0, 0 |",
                                        "| this | 4 | 0.381 | 0.378 | 49.3 | 0, 0 |"),
         "serve-gamma-auto-epyc-zen4-recent-blocks.json": (
