@@ -25,11 +25,7 @@ both checkouts' commits (``results_io.py``); ``--table`` prints the table from t
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -97,15 +93,8 @@ def _tunables(same_allocator: bool) -> str | None:
 
 
 def _run(checkout: Path | None, argv: list[str], tunables: str | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    if tunables is not None:
-        env["GLIBC_TUNABLES"] = tunables
-    if checkout is not None:
-        env["PYTHONPATH"] = str(checkout / "src")
-    done = subprocess.run([sys.executable, str(HERE), "--json", *argv], env=env, check=True,
-                          capture_output=True, text=True)
-    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+    env = None if tunables is None else {"GLIBC_TUNABLES": tunables}
+    return results_io.run_worker(HERE, checkout, argv, env)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -154,29 +143,20 @@ def table(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--method", default="block")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--baseline", type=Path, default=None,
-                   help="an older verispec checkout to pair with this one")
     p.add_argument("--same-allocator", action="store_true",
                    help="give both sides the engine's malloc settings through GLIBC_TUNABLES")
-    p.add_argument("--out", help="write every round's measurements and the machine as JSON")
-    p.add_argument("--table", help="print the table of a JSON file written by --out (no run)")
-    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.table:
-        print(table(results_io.read(args.table)))
-        return
-    if args.json:
-        print(json.dumps({**_measure(args), "torch": results_io.torch_info()}))
-        return
-    results_io.measure_and_print(args.out, lambda: measure(args), table)
+
+
+def main() -> None:
+    results_io.baseline_cli(__doc__.split("\n\n")[0], _options, measure, table,
+                            lambda args: {**_measure(args), "torch": results_io.torch_info()})
 
 
 if __name__ == "__main__":

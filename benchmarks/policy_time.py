@@ -20,11 +20,7 @@ has recorded, so both sides make the same choices where their code decides alike
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -80,12 +76,8 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(checkout / "src")}
     argv = [f"--batch-sizes={','.join(map(str, args.batch_sizes))}", f"--tokens={args.tokens}"]
-    done = subprocess.run([sys.executable, str(HERE), "--json", *argv], env=env, check=True,
-                          capture_output=True, text=True)
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return results_io.run_worker(HERE, checkout, argv)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -121,27 +113,28 @@ def table(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _counts(text: str) -> list[int]:
+    values = [_positive(x) for x in text.split(",") if x]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one batch size")
+    return values
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-sizes", default=[2, 4, 8], type=_counts)
+    p.add_argument("--tokens", type=_positive, default=48)
+    p.add_argument("--rounds", type=_positive, default=1)
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-sizes", default=[2, 4, 8],
-                   type=lambda v: [int(x) for x in v.split(",") if x])
-    p.add_argument("--tokens", type=int, default=48)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--baseline", type=Path, default=None,
-                   help="an older verispec checkout to pair with this one")
-    p.add_argument("--out", help="write every round's measurements and the machine as JSON")
-    p.add_argument("--table", help="print the table of a JSON file written by --out (no run)")
-    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.table:
-        print(table(results_io.read(args.table)))
-        return
-    if min(args.batch_sizes, default=0) < 1 or args.tokens < 1 or args.rounds < 1:
-        p.error("--batch-sizes, --tokens and --rounds must be at least 1")
-    if args.json:
-        print(json.dumps(_measure(args)))
-        return
-    results_io.measure_and_print(args.out, lambda: measure(args), table)
+    results_io.baseline_cli(__doc__.split("\n\n")[0], _options, measure, table, _measure)
 
 
 if __name__ == "__main__":

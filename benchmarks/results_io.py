@@ -129,3 +129,44 @@ def cli(description: str, measure: Callable[[argparse.Namespace], dict[str, Any]
         return 0
     measure_and_print(args.out, lambda: measure(args), table)
     return 0
+
+
+def run_worker(script: str | Path, checkout: Path | None, argv: list[str],
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``script --json ARGV`` in a fresh process with ``checkout``'s ``src`` first on
+    its path (None: the installed verispec) and ``env`` added; its last line of output, a
+    JSON object, is the result."""
+    full = {**os.environ, **(env or {})}
+    if checkout is not None:
+        full["PYTHONPATH"] = str(checkout / "src")
+    done = subprocess.run([sys.executable, str(script), "--json", *argv], env=full, check=True,
+                          capture_output=True, text=True)
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def baseline_cli(description: str, options: Callable[[argparse.ArgumentParser], object],
+                 measure: Callable[[argparse.Namespace], dict[str, Any]],
+                 table: Callable[[dict[str, Any]], str],
+                 worker: Callable[[argparse.Namespace], dict[str, Any]],
+                 argv: list[str] | None = None) -> int:
+    """The command line of a script that measures this checkout, or pairs it with an older
+    one (``--baseline``), in fresh worker processes (:func:`run_worker`): its own
+    ``options``, then ``--baseline``, ``--out``, ``--table`` and the workers' ``--json``,
+    whose process prints ``worker(args)`` as JSON."""
+    p = argparse.ArgumentParser(description=description)
+    options(p)
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="an older verispec checkout to pair with this one")
+    p.add_argument("--out", help="write every round's measurements and the machine as JSON")
+    p.add_argument("--table", help="print the table of a JSON file written by --out (no run)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(read(args.table)))
+    elif args.json:
+        print(json.dumps(worker(args)))
+    else:
+        measure_and_print(args.out, lambda: measure(args), table)
+    return 0
+
