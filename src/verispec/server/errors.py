@@ -14,10 +14,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["APIError", "error_body", "error_response", "install_handlers"]
+__all__ = ["FULL_STATUS", "APIError", "error_body", "error_response", "install_handlers"]
 
 log = logging.getLogger("verispec.server")
 
+#: A server's answer when its rows and its queue are full (Ray Serve's ingress offers such a
+#: refusal to the router again).
+FULL_STATUS = 429
 #: HTTP status -> OpenAI error type.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                404: "not_found_error", 405: "invalid_request_error",

@@ -53,12 +53,12 @@ from sse_starlette import ServerSentEvent
 
 from verispec.server import ray_state
 from verispec.server.config import ServerConfig
-from verispec.server.errors import APIError
+from verispec.server.errors import FULL_STATUS, APIError
 from verispec.server.inprocess import ForwardedRequest, Lifespan, Message, call_app, error_messages
 from verispec.server.replica_metrics import PUBLISH_PERIOD_S, Snapshot, merge_snapshots
 from verispec.server.replica_options import ModelSpec, ReplicaOptions
 
-__all__ = ["APP_NAME", "FULL_STATUS", "MAX_ATTEMPTS", "VerispecEngine", "VerispecIngress",
+__all__ = ["APP_NAME", "MAX_ATTEMPTS", "VerispecEngine", "VerispecIngress",
            "app_builder", "build_app", "deployment_options"]
 
 log = logging.getLogger("verispec.server")
@@ -68,8 +68,6 @@ APP_NAME = "verispec"
 #: Tries of a request whose replica failed before answering or answered that it was full
 #: (the first one included).
 MAX_ATTEMPTS = 3
-#: An engine replica's answer when its rows and queue are full.
-FULL_STATUS = 429
 #: An ingress replica takes this many requests at once per engine replica it may face.
 INGRESS_PER_ENGINE = 2
 #: Ray Serve waits this much longer than the engines' drain for the ingress to drain.

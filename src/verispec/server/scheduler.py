@@ -33,7 +33,7 @@ from verispec.engine.request import Row
 from verispec.engine.stats import Stats
 from verispec.models.base import CausalLM
 from verispec.server.config import ServerConfig
-from verispec.server.errors import APIError
+from verispec.server.errors import FULL_STATUS, APIError
 from verispec.server.metrics import Metrics
 from verispec.server.planning import Plan, Planner
 from verispec.server.text import TextStream
@@ -146,8 +146,9 @@ class Scheduler:
             if not self._accepting:
                 raise APIError(503, "the server is shutting down", code="shutting_down")
             if self._outstanding >= self.capacity:
-                raise APIError(429, f"the server is full ({self.config.max_batch} rows "
-                                    f"decoding, {self.config.max_queue} waiting); retry later",
+                raise APIError(FULL_STATUS, f"the server is full ({self.config.max_batch} rows "
+                                            f"decoding, {self.config.max_queue} waiting); "
+                                            "retry later",
                                code="queue_full",
                                headers={"Retry-After": str(self.config.retry_after_s)})
             self._outstanding += 1
