@@ -331,7 +331,7 @@ class IterationOverhead:
     def observe(self, rows: int, g: int, seconds: float) -> None:
         """One iteration of ``rows`` cache rows and longest draft g took ``seconds`` of the
         engine's own time."""
-        self._predicted.clear()
+        self._predicted.clear()  # the fit changes here, and record's levels before it
         f = self._features(rows, g)
         self.gram = self.gram * OVERHEAD_DECAY + torch.outer(f, f)
         self.moment = self.moment * OVERHEAD_DECAY + f * seconds
@@ -366,7 +366,6 @@ class IterationOverhead:
         """An engine iteration over ``rows`` with these γs took ``seconds`` (choice to
         acceptance), of which ``passes`` = (draft passes, target pass) when timed: recorded
         against :meth:`grid_for` (if any)."""
-        self._predicted.clear()  # the levels, shapes and fit change below
         self.drafters |= _drafters(rows, gammas, auto_only=True)
         costs = self.grid_for(rows, gammas)
         if costs is None:
@@ -408,7 +407,7 @@ def cache_rows(forks: Sequence[int], gammas: Sequence[int]) -> int:
 
 
 def shared_costs(policies: Sequence[GammaPolicy],
-                  default: BatchCosts | None = None) -> BatchCosts | None:
+                 default: BatchCosts | None = None) -> BatchCosts | None:
     """The batch grid every ``auto`` row shares (None: several, or none and no ``default``:
     the grid of rows none of which is ``auto``)."""
     grids = {id(p.costs.batch): p.costs.batch for p in policies if isinstance(p, AutoGamma)}
