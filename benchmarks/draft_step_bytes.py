@@ -29,26 +29,12 @@ SWEEP_BYTES = 512 * 1024 * 1024  # the bandwidth probe's tensor
 
 
 def _int4_layers(model: Any) -> list[Any]:
-    """Every int4 linear layer reachable from the model (each once): the layers a one-token
-    pass runs (the draft's int8 form of the same layers reads prompts)."""
+    """The int4 linear layers a one-token pass of the native model runs, in order (the
+    draft's int8 form of the same layers reads prompts)."""
     from verispec.models.native.linear import Int4Linear
+    from verispec.models.native.weights import linear_layers
 
-    seen: set[int] = set()
-    found: list[Any] = []
-    todo: list[Any] = [model]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or isinstance(obj, (int, float, str, bytes)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, Int4Linear):
-            found.append(obj)
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif isinstance(obj, (list, tuple)):
-            todo.extend(obj)
-        elif hasattr(obj, "__dict__") and not type(obj).__module__.startswith("torch"):
-            todo.extend(vars(obj).values())
+    found = [x for x in linear_layers(model.net) if isinstance(x, Int4Linear)]
     if not found:
         raise SystemExit("the draft has no int4 layers here")
     return found

@@ -51,6 +51,7 @@ __all__ = [
     "int4_state",
     "int8_layers",
     "int8_state",
+    "linear_layers",
     "load_cache",
     "module_tensors",
     "packed_state",
@@ -389,11 +390,16 @@ def build_int8(c: NativeConfig, state: dict[str, Tensor], kernel: Int8Kernel | N
                        device=torch.device("cpu")).exact()
 
 
+def linear_layers(net: Transformer) -> list[Any]:
+    """Every linear layer of ``net`` in the order a pass runs them (the head last: a
+    SubsetHead's own layer)."""
+    head = getattr(net.head, "linear", net.head)
+    return [getattr(b, name) for b in net.blocks for name in LAYER_LINEARS] + [head]
+
+
 def int8_layers(net: Transformer) -> list[Int8Linear]:
     """Every int8 linear layer of ``net`` in the order a pass runs them (the head last)."""
-    head = getattr(net.head, "linear", net.head)  # a SubsetHead's own layer
-    layers = [getattr(b, name) for b in net.blocks for name in LAYER_LINEARS] + [head]
-    return [x for x in layers if isinstance(x, Int8Linear)]
+    return [x for x in linear_layers(net) if isinstance(x, Int8Linear)]
 
 
 def packed_state(net: Transformer) -> dict[str, Tensor]:
