@@ -24,7 +24,8 @@ Built once per machine like the other kernels (:mod:`~verispec.models.native.cbu
 from __future__ import annotations
 
 import ctypes
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -32,8 +33,8 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["ATTENTION_ENV", "ISAS", "WIDTHS", "attend", "available", "exact_dtype", "isa", "status",
-           "takes"]
+__all__ = ["ATTENTION_ENV", "ISAS", "WIDTHS", "attend", "available", "bind", "exact_dtype", "isa",
+           "status", "takes"]
 
 SOURCE = Path(__file__).with_name("csrc") / "attention.c"
 #: elements per vector of each cache dtype (VS_W, VS_FW): head dimensions must be a multiple
@@ -127,7 +128,6 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Ten
         raise ValueError(f"instruction set {chosen} is not one this CPU runs the attention "
                          f"kernel with (best here: {ISAS.get(lib.vs_attention_isa(), 'none')})")
     rows, heads, group_k, d = q.shape
-    k = last.shape[1]
     if check and (cache_k.shape != cache_v.shape or cache_k.shape[1] != heads
                   or cache_k.shape[3] != d or cache_k.dtype not in WIDTHS
                   or cache_v.dtype != cache_k.dtype
@@ -142,10 +142,32 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Ten
     slots = slots.to(torch.int64).contiguous()
     last = last.to(torch.int64).contiguous()
     out = torch.empty(q.shape, dtype=torch.float32)
-    rc = lib.vs_attend(q.data_ptr(), rows, heads, group_k, d, k, cache_k.data_ptr(),
-                       cache_v.data_ptr(), cache_k.stride(0), cache_k.stride(1),
-                       slots.data_ptr(), last.data_ptr(), out.data_ptr(),
-                       int(cache_k.dtype == torch.float64), chosen, torch.get_num_threads())
+    rc = bind(q, cache_k, cache_v, slots, last, out, use_isa=chosen)()
     if rc != 0:
         raise ValueError(f"the attention kernel refused q {tuple(q.shape)} (code {rc})")
     return out
+
+
+def bind(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Tensor,
+         out: Tensor, *, use_isa: int | None = None,
+         threads: int | None = None) -> Callable[[], int]:
+    """:func:`attend` as a call bound to fixed tensors, run as often as asked: it reads q
+    [R, Hkv, G k, D] float32, ``slots`` [R] and ``last`` [R, k] (int64, contiguous, checked
+    by the caller as :func:`attend` checks them) as they are when it runs, writes ``out``
+    (q's shape, float32) and returns the C function's code (0: done). ``use_isa``: as in
+    :func:`attend`, unchecked; ``threads``: OpenMP threads (default: torch's now). The
+    tensors must stay alive while the call is used."""
+    lib = _load()[0]
+    if lib is None:
+        raise RuntimeError(status())
+    if (q.dtype != torch.float32 or out.dtype != torch.float32 or out.shape != q.shape
+            or not q.is_contiguous() or not out.is_contiguous()
+            or slots.dtype != torch.int64 or last.dtype != torch.int64
+            or not slots.is_contiguous() or not last.is_contiguous()):
+        raise ValueError("the attention kernel takes contiguous float32 q and out of one shape"
+                         " and contiguous int64 slots and positions")
+    return partial(lib.vs_attend, q.data_ptr(), *q.shape, last.shape[1],
+                   cache_k.data_ptr(), cache_v.data_ptr(), cache_k.stride(0), cache_k.stride(1),
+                   slots.data_ptr(), last.data_ptr(), out.data_ptr(),
+                   int(cache_k.dtype == torch.float64), isa() if use_isa is None else use_isa,
+                   torch.get_num_threads() if threads is None else threads)

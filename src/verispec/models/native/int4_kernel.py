@@ -29,7 +29,8 @@ AVX2 path on a CPU with AVX-512 VNNI too.
 from __future__ import annotations
 
 import ctypes
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -37,7 +38,8 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["GROUP", "ISAS", "LANES", "TILE_ROWS", "available", "isa", "matmul", "pack", "status"]
+__all__ = ["GROUP", "ISAS", "LANES", "TILE_ROWS", "available", "bind", "isa", "matmul", "pack",
+           "status"]
 
 SOURCE = Path(__file__).with_name("csrc") / "int4_gemv.c"
 GROUP = 64  # input channels per scale (the C source's VS_GROUP)
@@ -126,6 +128,28 @@ def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None
     projections side by side) silu(x[:, :K]) ⊙ x[:, K:], computed in the kernel as it rounds
     its input. ``use_isa``: an entry of :data:`ISAS` (default: the best here); one this CPU
     lacks is refused with a ValueError, not emulated."""
+    x = x.float().contiguous()
+    n = packed[1].shape[0] * LANES
+    out = (torch.empty((x.shape[0], n), dtype=torch.float32) if residual is None
+           else residual.float().clone(memory_format=torch.contiguous_format))
+    call = bind(x, packed, out, bias, norm, eps, accumulate=residual is not None, glu=glu,
+                use_isa=use_isa)
+    rc = call()
+    if rc != 0:
+        raise ValueError(f"the int4 kernel refused x {tuple(x.shape)} against [{n}, "
+                         f"{x.shape[1] // (2 if glu else 1)}] (code {rc})")
+    return out
+
+
+def bind(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], out: Tensor,
+         bias: Tensor | None = None, norm: Tensor | None = None, eps: float = 1e-6, *,
+         accumulate: bool = False, glu: bool = False, use_isa: int | None = None,
+         threads: int | None = None) -> Callable[[], int]:
+    """:func:`matmul`'s product as a call bound to fixed tensors, run as often as asked: the
+    call reads x [M, K] (or [M, 2 K] with ``glu``) and writes ``out`` [M, N] (``accumulate``:
+    adds to what ``out`` holds, as :func:`matmul` adds its ``residual``), both float32 and
+    contiguous, and returns the C function's code (0: done). ``threads``: OpenMP threads
+    (default: torch's now). The tensors must stay alive while the call is used."""
     lib = _load()[0]
     if lib is None:
         raise RuntimeError(status())
@@ -138,14 +162,13 @@ def matmul(x: Tensor, packed: tuple[Tensor, Tensor, Tensor], bias: Tensor | None
     if use_isa is not None and (chosen not in ISAS or chosen > lib.vs_int4_isa()):
         raise ValueError(f"instruction set {chosen} is not one this CPU runs the int4 kernel "
                          f"with (best here: {ISAS.get(lib.vs_int4_isa(), 'none')})")
-    x = x.float().contiguous()
-    out = (torch.empty((m, n), dtype=torch.float32) if residual is None
-           else residual.float().clone(memory_format=torch.contiguous_format))
-    rc = lib.vs_int4_mm(x.data_ptr(), m, k, None if norm is None else norm.data_ptr(), eps,
-                        nibbles.data_ptr(), scale.data_ptr(),
-                        lo.data_ptr(), n, None if bias is None else bias.data_ptr(),
-                        out.data_ptr(), int(residual is not None), int(glu), chosen,
-                        torch.get_num_threads())
-    if rc != 0:
-        raise ValueError(f"the int4 kernel refused x [{m}, {k}] against [{n}, {k}] (code {rc})")
-    return out
+    for name, t in (("x", x), ("out", out)):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"the int4 kernel takes a contiguous float32 CPU {name}")
+    if out.shape != (m, n):
+        raise ValueError(f"the int4 kernel writes [{m}, {n}], not {tuple(out.shape)}")
+    return partial(lib.vs_int4_mm, x.data_ptr(), m, k,
+                   None if norm is None else norm.data_ptr(), eps, nibbles.data_ptr(),
+                   scale.data_ptr(), lo.data_ptr(), n,
+                   None if bias is None else bias.data_ptr(), out.data_ptr(), int(accumulate),
+                   int(glu), chosen, torch.get_num_threads() if threads is None else threads)

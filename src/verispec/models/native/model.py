@@ -13,19 +13,23 @@ models' float64 cache on an x86-64 CPU, verispec's own kernel,
 query heads are folded into the query length (each key/value head serves G·k query rows),
 so keys and values are never repeated. A pass reads the cache tensors [P, Hkv, L, D]
 directly: its rows may sit in any slots (:class:`~verispec.models.slots.Layout`); the
-linear layers see the pass's rows only, in row order.
+linear layers see the pass's rows only, in row order. Where every call of a short pass is
+one of verispec's kernels (an int4 net on the CPU), the pass runs as those calls bound once
+per pass shape and cache (:mod:`~verispec.models.native.replay`), with the same bits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 import verispec.models.native.attention_kernel as attention_kernel
+import verispec.models.native.replay as replay
 import verispec.models.native.rope_kernel as rope_kernel
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import DenseLinear, Int4Linear, Int8Linear
@@ -92,6 +96,15 @@ class Transformer:
         self.sin = torch.empty((0, d), dtype=dtype, device=device)  # [N, D]
         # int8 on a mixed kernel: which library runs each pass, re-timed as passes run
         self.libraries: LibraryClock | None = None
+        #: passes of up to OWN_ATTENTION_MAX_TOKENS tokens per row run as kernel calls bound
+        #: once per pass shape and cache where :func:`replay.applies` (False: layer by layer)
+        self.replay = True
+        self.replays: dict[tuple[int, int, int, int], replay.Replay] = {}
+
+    @cached_property
+    def int4_kernel_layers(self) -> bool:
+        """Every layer of the blocks runs verispec's int4 kernel (see :mod:`.replay`)."""
+        return replay.int4_kernel_layers(self)
 
     def rope(self, positions: int) -> tuple[Tensor, Tensor]:
         """cos, sin tables [N, D] for positions 0..N-1 (N ≥ ``positions``), grown on demand.
@@ -195,12 +208,16 @@ class Transformer:
     def _forward(self, ids: Tensor, step: Step, keys: list[Tensor], values: list[Tensor],
                  logits: bool, extra: tuple[Tensor, Tensor] | None = None) -> Tensor | None:
         rows, k = ids.shape
-        x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
-        # the rotary kernel's choice holds for every layer: one activation dtype and device,
-        # and caches made alike by ``new_cache``
-        fused = bool(keys) and rope_kernel.takes(x, self.cos, keys[0])
-        for block, cache_k, cache_v in zip(self.blocks, keys, values, strict=True):
-            x = self.layer(block, x, rows, k, step, cache_k, cache_v, fused)
+        if (self.replay and keys and k <= OWN_ATTENTION_MAX_TOKENS
+                and replay.applies(self, keys[0])):  # the same calls, bound once
+            x = replay.replay_for(self, self.replays, rows, k, keys, values).run(ids, step)
+        else:
+            x = F.embedding(ids.reshape(-1), self.embed).to(self.dtype)  # [R k, H]
+            # the rotary kernel's choice holds for every layer: one activation dtype and
+            # device, and caches made alike by ``new_cache``
+            fused = bool(keys) and rope_kernel.takes(x, self.cos, keys[0])
+            for block, cache_k, cache_v in zip(self.blocks, keys, values, strict=True):
+                x = self.layer(block, x, rows, k, step, cache_k, cache_v, fused)
         if not logits:
             return None
         if step.pick is not None:

@@ -18,7 +18,8 @@ builds) or ``torch`` (the tensor operations).
 from __future__ import annotations
 
 import ctypes
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["ROPE_ENV", "available", "rope_store", "status", "takes"]
+__all__ = ["ROPE_ENV", "available", "bind", "rope_store", "status", "takes"]
 
 SOURCE = Path(__file__).with_name("csrc") / "rope_store.c"
 ROPE_ENV = "VERISPEC_ROPE_KERNEL"
@@ -101,17 +102,39 @@ def rope_store(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, sin: Tensor,
                          f"{tuple(cache_k.shape)} at positions {tuple(positions.shape)} and "
                          f"slots {tuple(slots.shape)}: shapes, positions or slots that do not "
                          f"match")
-    if cache_k.stride() != cache_v.stride() or cache_k.dtype != cache_v.dtype:
-        raise ValueError("keys and values need caches of one layout and dtype")
     qkv = qkv.contiguous()
     positions = positions.to(torch.int64).contiguous()
     slots = slots.to(torch.int64).contiguous()
     q = torch.empty((rows, kv_heads, heads // kv_heads * k, d), dtype=torch.float32)
-    rc = lib.vs_rope_store(qkv.data_ptr(), rows, k, heads, kv_heads, d, cos.data_ptr(),
-                           sin.data_ptr(), positions.data_ptr(), slots.data_ptr(),
-                           cache_k.data_ptr(), cache_v.data_ptr(), cache_k.stride(0),
-                           cache_k.stride(1), CACHE_DTYPES[cache_k.dtype], q.data_ptr(),
-                           torch.get_num_threads())
+    rc = bind(qkv, heads, kv_heads, cos, sin, positions, slots, cache_k, cache_v, q)()
     if rc != 0:
         raise ValueError(f"the rotary kernel refused qkv {tuple(qkv.shape)} (code {rc})")
     return q
+
+
+def bind(qkv: Tensor, heads: int, kv_heads: int, cos: Tensor, sin: Tensor, positions: Tensor,
+         slots: Tensor, cache_k: Tensor, cache_v: Tensor, q: Tensor,
+         threads: int | None = None) -> Callable[[], int]:
+    """:func:`rope_store` as a call bound to fixed tensors, run as often as asked: it reads
+    qkv [R, k, Hq + 2 Hkv, D], ``positions`` [R, k] and ``slots`` [R] (int64, contiguous,
+    checked by the caller as :func:`rope_store` checks them) as they are when it runs,
+    writes q [R, Hkv, G k, D] float32 and the caches, and returns the C function's code (0:
+    done). ``threads``: OpenMP threads (default: torch's now). The tensors must stay alive
+    while the call is used."""
+    lib = _load()[0]
+    if lib is None:
+        raise RuntimeError(status())
+    rows, k, _, d = qkv.shape
+    if cache_k.stride() != cache_v.stride() or cache_k.dtype != cache_v.dtype:
+        raise ValueError("keys and values need caches of one layout and dtype")
+    if (not qkv.is_contiguous() or not q.is_contiguous() or q.dtype != torch.float32
+            or q.shape != (rows, kv_heads, heads // kv_heads * k, d)
+            or positions.dtype != torch.int64 or slots.dtype != torch.int64
+            or not positions.is_contiguous() or not slots.is_contiguous()):
+        raise ValueError("the rotary kernel takes contiguous qkv, q [R, Hkv, G k, D] float32 "
+                         "and contiguous int64 positions and slots")
+    return partial(lib.vs_rope_store, qkv.data_ptr(), rows, k, heads, kv_heads, d,
+                   cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), slots.data_ptr(),
+                   cache_k.data_ptr(), cache_v.data_ptr(), cache_k.stride(0), cache_k.stride(1),
+                   CACHE_DTYPES[cache_k.dtype], q.data_ptr(),
+                   torch.get_num_threads() if threads is None else threads)
