@@ -9,9 +9,11 @@ run-time rotations), counts the bytes each int4 layer's kernel reads per one-tok
 norms, biases and the embedding row are left out), and then, in
 ``--rounds`` rounds, times ``--steps`` one-token steps after a 200-token context and a
 float32 sum over a 512 MiB tensor (far beyond the last-level cache), alternated so both
-see the same state of the host.
+see the same state of the host; with ``--layer-by-layer`` each round also times the same
+steps run layer by layer (the model's ``replay`` off: every kernel call through its Python
+wrapper) against the replayed calls (:mod:`verispec.models.native.replay`).
 
-    python benchmarks/draft_step_bytes.py [--rounds 5] [--out FILE]
+    python benchmarks/draft_step_bytes.py [--rounds 5] [--layer-by-layer] [--out FILE]
     python benchmarks/draft_step_bytes.py --table FILE
 """
 
@@ -63,7 +65,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     draft.add_rows([torch.randint(1000, 20000, (CONTEXT,), generator=g).tolist()])
     sweep = torch.ones(SWEEP_BYTES // 4)  # float32
 
-    def step() -> float:
+    def step(replayed: bool = True) -> float:
+        draft.net.replay = replayed
         start = time.perf_counter()
         draft.extend(torch.randint(1000, 20000, (1, 1), generator=g))
         draft.rollback([CONTEXT])
@@ -75,10 +78,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return SWEEP_BYTES / (time.perf_counter() - start)
 
     for _ in range(5):  # warm-up: allocations, caches, the kernels' first calls
-        step(), bandwidth()
-    rounds = [{"step_s": [step() for _ in range(args.steps)],
+        step(), step(False), bandwidth()
+    rounds = []
+    for _ in range(args.rounds):
+        rnd = {"step_s": [step() for _ in range(args.steps)],
                "bandwidth_b_s": [bandwidth() for _ in range(args.probes)]}
-              for _ in range(args.rounds)]
+        if args.layer_by_layer:
+            rnd["layer_by_layer_step_s"] = [step(False) for _ in range(args.steps)]
+        rounds.append(rnd)
     rec = results_io.record(__file__, args, results_io.torch_info())
     rec.update({"int4_kernel": int4_kernel.status(), "layers": len(layers),
                 "weight_bytes": weights, "context": CONTEXT, "rounds": rounds})
@@ -90,15 +97,22 @@ def table(rec: dict[str, Any]) -> str:
     weights = rec["weight_bytes"]
     head = (f"int4 draft: {rec['layers']} int4 layers reading {weights / 1e6:.1f} MB per "
             f"pass; {rec['int4_kernel']}")
+    both = all("layer_by_layer_step_s" in rnd for rnd in rec["rounds"])
     columns = ("| round | one-token step, ms (median) | read bandwidth, GB/s (median) | "
                "bytes / bandwidth, ms | step / floor |")
-    lines = [head, columns, "|---|---|---|---|---|"]
+    if both:
+        columns += " layer by layer, ms (median) | step / layer by layer |"
+    lines = [head, columns, "|---|---|---|---|---|" + ("---|---|" if both else "")]
     for i, rnd in enumerate(rec["rounds"]):
         step = statistics.median(rnd["step_s"])
         bandwidth = statistics.median(rnd["bandwidth_b_s"])
         floor = weights / bandwidth
-        lines.append(f"| {i} | {step * 1e3:.2f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.2f} | "
-                     f"{step / floor:.2f} |")
+        line = (f"| {i} | {step * 1e3:.2f} | {bandwidth / 1e9:.1f} | {floor * 1e3:.2f} | "
+                f"{step / floor:.2f} |")
+        if both:
+            layers = statistics.median(rnd["layer_by_layer_step_s"])
+            line += f" {layers * 1e3:.2f} | {step / layers:.3f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -106,6 +120,8 @@ def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=15, help="draft steps timed per round")
     p.add_argument("--probes", type=int, default=5, help="bandwidth sweeps per round")
+    p.add_argument("--layer-by-layer", action="store_true",
+                   help="also time each round's steps with the replayed calls off")
 
 
 if __name__ == "__main__":

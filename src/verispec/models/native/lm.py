@@ -113,7 +113,8 @@ class NativeCausalLM(CausalLM):
         if self.precision == "int4":  # verispec's own int4 kernel or torch's
             from verispec.models.native.int4_kernel import status
 
-            kernel = f"|int4={status()}|exact={int(self.exact_passes)}"
+            kernel = (f"|int4={status()}|exact={int(self.exact_passes)}"
+                      f"|replay={int(self.net.replay and self.net.int4_kernel_layers)}")
         attends = self.net.attention_dtype in attention_kernel.WIDTHS  # verispec's or torch's
         if attends:
             kernel += (f"|attention={attention_kernel.status()}"
