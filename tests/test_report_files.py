@@ -388,6 +388,21 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "target int4, draft int4", "from 1024 positions recorded by earlier runs",
             best + "| 40 | 1.51× [1.39, 1.63] | 1.36× [1.27, 1.46] |",
             "| block | auto | 3.73 | 2.73 | 30.75 | 36.88 | 27.1 | 426.1 | 1.21× [1.14, 1.28] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-replay-a-results.jsonl": (
+            "target int4, draft int4", "from 1024 positions recorded by earlier runs",
+            best + "| 40 | 1.67× [1.54, 1.80] | 1.53× [1.43, 1.63] |",
+            "| block | auto | 3.95 | 2.95 | 38.35 | 47.44 | 21.1 | 400.4 | 1.23× [1.16, 1.31] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-replay-b-results.jsonl": (
+            "target int4, draft int4", "no acceptance recorded, the generic prior",
+            best + "| 40 | 1.63× [1.51, 1.77] | 1.49× [1.40, 1.59] |",
+            "| block | auto | 3.42 | 2.42 | 36.28 | 44.32 | 22.6 | 401.5 | 1.23× [1.16, 1.30] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-replay-c-results.jsonl": (
+            "target int4, draft int4", "α₀ 0.925 at a block's first position",
+            best + "| 40 | 1.58× [1.44, 1.73] | 1.43× [1.33, 1.55] |",
+            "| block | auto | 3.90 | 2.90 | 32.69 | 39.77 | 25.1 | 431.8 | 1.24× [1.15, 1.33] "),
+        "draft-step-bytes-replay-epyc-zen4.json": (
+            "| 0 | 10.88 | 32.3 | 8.60 | 1.27 | 12.34 | 0.882 |",
+            "| 4 | 10.33 | 33.4 | 8.32 | 1.24 | 12.01 | 0.860 |"),
         "float32-attention-epyc-zen4.json": (
             "| qwen2.5-coder-0.5b-instruct, 1 × 1 | 13.1 | 12.7 | 1.047× [0.890, 1.147] |",
             "| qwen2.5-coder-1.5b-instruct, 1 × 5 | 38.6 | 37.1 | 1.050× [0.918, 1.125] |"),
