@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,19 +30,42 @@ from torch import Tensor
 import verispec.models.native.attention_kernel as attention_kernel
 import verispec.models.native.int4_kernel as int4_kernel
 import verispec.models.native.rope_kernel as rope_kernel
+from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import Int4Linear
 
-if TYPE_CHECKING:
-    from verispec.models.native.model import Block, Step, Transformer
-
-__all__ = ["KEPT", "Replay", "applies", "int4_kernel_layers", "replay_for"]
+__all__ = ["KEPT", "Net", "Replay", "StepLike", "applies", "int4_kernel_layers", "replay_for"]
 
 #: Replays a net keeps (one per pass shape, cache and thread), the least recently used
 #: dropped first
 KEPT = 16
+_KEPT_LOCK = threading.Lock()  # the kept replays of every net (threads may share a net)
 
 
-def applies(net: Transformer, cache_k: Tensor) -> bool:
+class Net(Protocol):
+    """What a replay reads of :class:`~verispec.models.native.model.Transformer` (this
+    module sits below it)."""
+
+    config: NativeConfig
+    blocks: list[Any]  # Block: qkv, o, gate_up, down
+    embed: Tensor  # [V, H]
+    cos: Tensor  # [N, D]
+    sin: Tensor  # [N, D]
+    device: torch.device
+    dtype: torch.dtype
+    libraries: object
+
+    @property
+    def int4_kernel_layers(self) -> bool: ...
+
+
+class StepLike(Protocol):
+    """What a replay reads of a pass's :class:`~verispec.models.native.model.Step`."""
+
+    last: Tensor  # [R, k] each token's position
+    layout: Any  # Layout: .slots [R]
+
+
+def applies(net: Net, cache_k: Tensor) -> bool:
     """Whether a pass of ``net`` over a cache like ``cache_k`` ([P, Hkv, L, D]) can be
     replayed: every call of its layer-by-layer pass is one of verispec's kernels."""
     if (net.device.type != "cpu" or net.dtype != torch.float32 or net.libraries is not None
@@ -52,7 +75,7 @@ def applies(net: Transformer, cache_k: Tensor) -> bool:
     return rope_kernel.takes(probe, net.cos, cache_k) and attention_kernel.takes(probe, cache_k)
 
 
-def int4_kernel_layers(net: Transformer) -> bool:
+def int4_kernel_layers(net: Net) -> bool:
     """Whether every linear layer of ``net``'s blocks runs verispec's int4 kernel on the
     CPU (the head may be any layer: it is called as it is)."""
     layers = [x for b in net.blocks for x in (b.qkv, b.o, b.gate_up, b.down)]
@@ -63,7 +86,7 @@ def int4_kernel_layers(net: Transformer) -> bool:
 class Replay:
     """The calls of a pass of R rows of k tokens over one cache, bound once."""
 
-    def __init__(self, net: Transformer, rows: int, k: int, keys: list[Tensor],
+    def __init__(self, net: Net, rows: int, k: int, keys: list[Tensor],
                  values: list[Tensor]) -> None:
         c = net.config
         hq, hkv, d, g = c.heads, c.kv_heads, c.head_dim, c.group
@@ -86,7 +109,7 @@ class Replay:
         for block, cache_k, cache_v in zip(net.blocks, keys, values, strict=True):
             self.calls += self._layer(block, cache_k, cache_v)
 
-    def _layer(self, block: Block, cache_k: Tensor, cache_v: Tensor) -> list[Callable[[], int]]:
+    def _layer(self, block: Any, cache_k: Tensor, cache_v: Tensor) -> list[Callable[[], int]]:
         c, t = self.net.config, self.threads
         # int4 layers in verispec's layout (:func:`applies`)
         qkv, o, gate_up, down = (cast(Int4Linear, x)
@@ -124,7 +147,7 @@ class Replay:
                 and len(self.caches) == len(keys) + len(values)
                 and all(ref() is t for ref, t in zip(self.caches, keys + values, strict=True)))
 
-    def run(self, ids: Tensor, step: Step) -> Tensor:
+    def run(self, ids: Tensor, step: StepLike) -> Tensor:
         """ids [R, k] -> the hidden states after the last layer, [R k, H] (a buffer that the
         next replayed pass overwrites); writes the cache as the layer-by-layer pass does."""
         self.positions.copy_(step.last)
@@ -145,15 +168,17 @@ def _lanes(layer: Int4Linear) -> tuple[Tensor, Tensor, Tensor]:
     return cast(tuple[Tensor, Tensor, Tensor], layer.lanes)
 
 
-def replay_for(net: Transformer, kept: dict[tuple[int, int, int, int], Replay], rows: int,
+def replay_for(net: Net, kept: dict[tuple[int, int, int, int], Replay], rows: int,
                k: int, keys: list[Tensor], values: list[Tensor]) -> Replay:
     """The replay of ``kept`` for this shape, cache and thread, bound now if it is missing or
     stale (least recently used dropped beyond :data:`KEPT`)."""
-    key = (rows, k, id(keys[0]), threading.get_ident())
-    found = kept.pop(key, None)
+    key = (rows, k, id(keys[0]), threading.get_ident())  # a thread's replays are its own
+    with _KEPT_LOCK:
+        found = kept.pop(key, None)
     if found is None or not found.fits(keys, values):
         found = Replay(net, rows, k, keys, values)
-    kept[key] = found  # most recently used last
-    while len(kept) > KEPT:
-        kept.pop(next(iter(kept)))
+    with _KEPT_LOCK:
+        kept[key] = found  # most recently used last
+        while len(kept) > KEPT:
+            kept.pop(next(iter(kept)))
     return found
