@@ -100,6 +100,9 @@ def test_replays_apply_exactly_where_every_call_is_verispecs_kernel(module: Any)
         return
     int4.add_rows([seq(5, 1)])
     assert replay.applies(int4.net, int4.cache.keys[0]) == KERNELS
+    # recorded pass costs are keyed apart from those timed layer by layer
+    assert f"|replay={int(KERNELS)}" in int4.variant
+    assert "|replay=0" in _int4(module, False).variant
     int4.extend([seq(1, 2)])
     assert bool(int4.net.replays) == KERNELS
     int4.extend([seq(17, 3)], num_logits=1)  # beyond the tokens per row a replay takes

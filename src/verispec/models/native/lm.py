@@ -114,7 +114,7 @@ class NativeCausalLM(CausalLM):
             from verispec.models.native.int4_kernel import status
 
             kernel = (f"|int4={status()}|exact={int(self.exact_passes)}"
-                      f"|replay={int(self.net.replay and self.net.int4_kernel_layers)}")
+                      f"|replay={int(self.net.replay and self.net.replayable)}")
         attends = self.net.attention_dtype in attention_kernel.WIDTHS  # verispec's or torch's
         if attends:
             kernel += (f"|attention={attention_kernel.status()}"

@@ -102,9 +102,9 @@ class Transformer:
         self.replays: dict[tuple[int, int, int, int], replay.Replay] = {}
 
     @cached_property
-    def int4_kernel_layers(self) -> bool:
-        """Every layer of the blocks runs verispec's int4 kernel (see :mod:`.replay`)."""
-        return replay.int4_kernel_layers(self)
+    def replayable(self) -> bool:
+        """Its short passes can run as bound kernel calls (:func:`replay.replayable`)."""
+        return replay.replayable(self)
 
     def rope(self, positions: int) -> tuple[Tensor, Tensor]:
         """cos, sin tables [N, D] for positions 0..N-1 (N ≥ ``positions``), grown on demand.

@@ -33,7 +33,7 @@ import verispec.models.native.rope_kernel as rope_kernel
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.linear import Int4Linear
 
-__all__ = ["KEPT", "Net", "Replay", "StepLike", "applies", "int4_kernel_layers", "replay_for"]
+__all__ = ["KEPT", "Net", "Replay", "StepLike", "applies", "replay_for", "replayable"]
 
 #: Replays a net keeps (one per pass shape, cache and thread), the least recently used
 #: dropped first
@@ -55,7 +55,7 @@ class Net(Protocol):
     libraries: object
 
     @property
-    def int4_kernel_layers(self) -> bool: ...
+    def replayable(self) -> bool: ...
 
 
 class StepLike(Protocol):
@@ -69,17 +69,18 @@ def applies(net: Net, cache_k: Tensor) -> bool:
     """Whether a pass of ``net`` over a cache like ``cache_k`` ([P, Hkv, L, D]) can be
     replayed: every call of its layer-by-layer pass is one of verispec's kernels."""
     if (net.device.type != "cpu" or net.dtype != torch.float32 or net.libraries is not None
-            or not net.int4_kernel_layers or not cache_k.is_contiguous()):
+            or not net.replayable or not cache_k.is_contiguous()):
         return False
     probe = torch.empty((0, net.config.head_dim), dtype=torch.float32)  # an activation's kind
     return rope_kernel.takes(probe, net.cos, cache_k) and attention_kernel.takes(probe, cache_k)
 
 
-def int4_kernel_layers(net: Net) -> bool:
-    """Whether every linear layer of ``net``'s blocks runs verispec's int4 kernel on the
-    CPU (the head may be any layer: it is called as it is)."""
+def replayable(net: Net) -> bool:
+    """Whether every pass call of ``net``'s blocks can be verispec's kernels, whatever the
+    cache: int4 layers in the int4 kernel's layout, and the int4, rotary and attention
+    kernels built here (the head may be any layer: it is called as it is)."""
     layers = [x for b in net.blocks for x in (b.qkv, b.o, b.gate_up, b.down)]
-    return (int4_kernel.available()
+    return (int4_kernel.available() and rope_kernel.available() and attention_kernel.available()
             and all(isinstance(x, Int4Linear) and x.lanes is not None for x in layers))
 
 
