@@ -127,7 +127,7 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor, last: Ten
     if use_isa is not None and (chosen not in ISAS or chosen > lib.vs_attention_isa()):
         raise ValueError(f"instruction set {chosen} is not one this CPU runs the attention "
                          f"kernel with (best here: {ISAS.get(lib.vs_attention_isa(), 'none')})")
-    rows, heads, group_k, d = q.shape
+    rows, heads, _, d = q.shape
     if check and (cache_k.shape != cache_v.shape or cache_k.shape[1] != heads
                   or cache_k.shape[3] != d or cache_k.dtype not in WIDTHS
                   or cache_v.dtype != cache_k.dtype
