@@ -400,6 +400,10 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "target int4, draft int4", "α₀ 0.925 at a block's first position",
             best + "| 40 | 1.58× [1.44, 1.73] | 1.43× [1.33, 1.55] |",
             "| block | auto | 3.90 | 2.90 | 32.69 | 39.77 | 25.1 | 431.8 | 1.24× [1.15, 1.33] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-replay-d-results.jsonl": (
+            "target int4, draft int4", "α₀ 0.920 at a block's first position",
+            best + "| 40 | 1.68× [1.55, 1.82] | 1.54× [1.45, 1.63] |",
+            "| block | auto | 4.14 | 3.14 | 37.58 | 46.35 | 21.6 | 404.0 | 1.20× [1.14, 1.27] "),
         "serve-gamma-auto-epyc-zen4-replay.json": (
             "| 0 | 1 | block γ=auto | block γ=8 | 0.962× [0.784, 1.181] | 0.581× [0.462, 0.730] |",
             "| 0 | 4 | block γ=auto | ar | 0.907× [0.767, 1.072] | 1.093× [1.020, 1.172] |",
