@@ -33,7 +33,6 @@ from verispec.models.native.retime import LibraryClock
 from verispec.models.native.vocabulary import subset_ids
 from verispec.models.native.weights import (
     CACHE_FILES,
-    LAYER_LINEARS,
     build_dense,
     build_int4,
     build_int8,
@@ -42,6 +41,7 @@ from verispec.models.native.weights import (
     int4_state,
     int8_layers,
     int8_state,
+    linear_layers,
     load_cache,
     module_tensors,
     packed_state,
@@ -145,8 +145,7 @@ def _exact_int4(net: Transformer) -> Transformer:
     whatever the pass (:meth:`Transformer.exact`). Raises ValueError where a
     layer's shape does not fit the kernel (torch's kernel would round it as the pass
     decides)."""
-    head = getattr(net.head, "linear", net.head)  # a SubsetHead's own layer
-    layers = [getattr(b, n) for b in net.blocks for n in LAYER_LINEARS] + [head]
+    layers = linear_layers(net)
     off = sum(getattr(lin, "lanes", None) is None for lin in layers)
     if off:
         raise ValueError(

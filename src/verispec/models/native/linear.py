@@ -51,9 +51,14 @@ import verispec.models.native.onednn as onednn
 import verispec.models.native.int4_kernel as int4_kernel
 from verispec.models.native.kernels import Int8Kernel
 
-__all__ = ["DRAFT_TIMING_LAYERS", "DRAFT_TIMING_WEIGHTS", "DenseLinear", "Int4Linear",
-           "Int8Linear", "SubsetHead", "default_kernel", "draft_layer_times", "int4_available",
-           "int4_draft_faster", "int8_available", "quantize_weight", "split_pass_sizes"]
+__all__ = ["DRAFT_TIMING_LAYERS", "DRAFT_TIMING_WEIGHTS", "LAYER_LINEARS", "DenseLinear",
+           "Int4Linear", "Int8Linear", "SubsetHead", "default_kernel", "draft_layer_times",
+           "int4_available", "int4_draft_faster", "int8_available", "quantize_weight",
+           "split_pass_sizes"]
+
+#: The linear layers of a decoder block (the fields of
+#: :class:`~verispec.models.native.model.Block`), in the order a pass runs them
+LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 
 
 class DenseLinear:

@@ -31,7 +31,7 @@ import verispec.models.native.attention_kernel as attention_kernel
 import verispec.models.native.int4_kernel as int4_kernel
 import verispec.models.native.rope_kernel as rope_kernel
 from verispec.models.native.config import NativeConfig
-from verispec.models.native.linear import Int4Linear
+from verispec.models.native.linear import LAYER_LINEARS, Int4Linear
 
 __all__ = ["KEPT", "Net", "Replay", "StepLike", "applies", "replay_for", "replayable"]
 
@@ -79,7 +79,7 @@ def replayable(net: Net) -> bool:
     """Whether every pass call of ``net``'s blocks can be verispec's kernels, whatever the
     cache: int4 layers in the int4 kernel's layout, and the int4, rotary and attention
     kernels built here (the head may be any layer: it is called as it is)."""
-    layers = [x for b in net.blocks for x in (b.qkv, b.o, b.gate_up, b.down)]
+    layers = [getattr(b, name) for b in net.blocks for name in LAYER_LINEARS]
     return (int4_kernel.available() and rope_kernel.available() and attention_kernel.available()
             and all(isinstance(x, Int4Linear) and x.lanes is not None for x in layers))
 

@@ -32,6 +32,7 @@ import verispec.models.native.kernels as kernels
 from verispec.models.native.config import NativeConfig
 from verispec.models.native.kernels import Int8Kernel
 from verispec.models.native.linear import (
+    LAYER_LINEARS,
     DenseLinear,
     Int4Linear,
     Int8Linear,
@@ -232,8 +233,6 @@ def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
 
 
 # -- int8 ----------------------------------------------------------------------------------------
-
-LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 
 
 DOWN_BLOCK = 256  # block size of the online rotation of down_proj's input
