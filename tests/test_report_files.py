@@ -408,6 +408,15 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| 0 | 1 | block γ=auto | block γ=8 | 0.962× [0.784, 1.181] | 0.581× [0.462, 0.730] |",
             "| 0 | 4 | block γ=auto | ar | 0.907× [0.767, 1.072] | 1.093× [1.020, 1.172] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.031× [0.938, 1.134] | 0.555× [0.452, 0.682] |"),
+        "int4-builds-prefetch-target-epyc-zen4.json": (
+            "| 4 | 41.4 | 30.4 | 0.750 [0.600, 0.803] |",
+            "| 5 | 38.4 | 33.8 | 0.862 [0.807, 0.960] |"),
+        "int4-builds-prefetch-target-epyc-zen4-emulated-avx2.json": (
+            "| 1 | 34.5 | 31.5 | 0.916 [0.853, 0.949] |",),
+        "int4-builds-prefetch-draft-epyc-zen4.json": (
+            "| 1 | 11.9 | 11.6 | 0.961 [0.877, 1.092] |",),
+        "int4-builds-prefetch-draft-epyc-zen4-emulated-avx2.json": (
+            "| 1 | 13.4 | 11.3 | 0.850 [0.725, 0.884] |",),
         "draft-step-bytes-replay-epyc-zen4.json": (
             "| 0 | 10.88 | 32.3 | 8.60 | 1.27 | 12.34 | 0.882 |",
             "| 4 | 10.33 | 33.4 | 8.32 | 1.24 | 12.01 | 0.860 |"),

@@ -38,8 +38,8 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["GROUP", "ISAS", "LANES", "TILE_ROWS", "available", "bind", "isa", "matmul", "pack",
-           "status"]
+__all__ = ["GROUP", "ISAS", "LANES", "TILE_ROWS", "available", "bind", "isa", "load_library",
+           "matmul", "pack", "status"]
 
 SOURCE = Path(__file__).with_name("csrc") / "int4_gemv.c"
 GROUP = 64  # input channels per scale (the C source's VS_GROUP)
@@ -55,7 +55,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     """(the library, which instruction set it runs), or (None, why torch's kernel runs)."""
     if _requested() == "torch":
         return None, "torch's int4 kernel (VERISPEC_INT4_KERNEL=torch)"
-    lib, why = cbuild.x86_library(SOURCE, "int4-gemv", FLAGS)
+    return load_library(SOURCE)
+
+
+def load_library(source: Path, stem: str = "int4-gemv") -> tuple[ctypes.CDLL | None, str]:
+    """:func:`_load`'s result for a build of ``source``, a version of ``csrc/int4_gemv.c``
+    (``benchmarks/int4_builds.py`` times two versions side by side)."""
+    lib, why = cbuild.x86_library(source, stem, FLAGS)
     if lib is None:
         return None, f"torch's int4 kernel (verispec's: {why})"
     lib.vs_int4_isa.restype = ctypes.c_int

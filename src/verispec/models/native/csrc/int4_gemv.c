@@ -27,6 +27,7 @@
 #define VS_TILE_ROWS 8 /* rows of x per tile; longer passes run in tiles of equal rows */
 #define VS_LANES 16 /* weight rows interleaved in one block, one per 32-bit lane */
 #define VS_PREFETCH 4096 /* bytes ahead of the weights being read: fetched to L1 */
+#define VS_PREFETCH_L2 8192 /* bytes ahead: fetched to L2 (see block_vnni_m) */
 
 enum { VS_ISA_NONE = 0, VS_ISA_AVX2 = 1, VS_ISA_AVX512_VNNI = 2 };
 
@@ -162,7 +163,13 @@ static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
  * after 200 tokens, builds alternated in one process, ms): two chains against one, 40.2
  * against 44.7 at 4 rows, 51.1 against 51.3 at 8; and reading two adjacent blocks side by
  * side (each broadcast of x serving 32 weight rows, as this kernel did from 4 rows on) cost
- * 43.6 at 5 rows and 56.4 at 8 against 39.8 and 51.1 one block at a time. */
+ * 43.6 at 5 rows and 56.4 at 8 against 39.8 and 51.1 one block at a time.
+ * Prefetching: one row's pass is bound by the memory's bandwidth and runs fastest with the
+ * weights 4 KB ahead fetched to L1; from 2 rows on the products take about as long as the
+ * reads, and fetching 8 KB ahead to L2 instead lets the two overlap (the same pass,
+ * benchmarks/int4_builds.py against 4 KB to L1 at every m: 30.4 against 41.4 ms at 4 rows,
+ * 33.8 against 38.4 at 5, 54.4 against 54.4 at 8; at 1 row L2 was 2-3% slower in earlier
+ * alternations, so 1 row keeps L1). */
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), always_inline))
 static inline void block_vnni_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                                 int64_t groups, const int8_t *xq, const float *xs,
@@ -176,7 +183,10 @@ static inline void block_vnni_m(const uint8_t *w, const uint16_t *ws, const uint
         for (int t = 0; t < VS_GROUP / 8; t++) {
             const uint8_t *wt = w + (g * VS_GROUP / 8 + t) * 64;
             __m512i packed = _mm512_loadu_si512((const void *)wt);
-            _mm_prefetch((const char *)(wt + VS_PREFETCH), _MM_HINT_T0);
+            if (m == 1) /* a constant: one of the two is compiled per m */
+                _mm_prefetch((const char *)(wt + VS_PREFETCH), _MM_HINT_T0);
+            else
+                _mm_prefetch((const char *)(wt + VS_PREFETCH_L2), _MM_HINT_T1);
             __m512i lo = _mm512_and_si512(packed, mask);
             __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
             for (int r = 0; r < m; r++) {
@@ -208,7 +218,11 @@ static void block_vnni(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo
 }
 
 /* m is a constant where this is inlined (see block_avx2), so the per-row accumulators
-   live in registers */
+   live in registers. Each half reads 32 bytes of every 64-byte step; the weights are
+   prefetched 8 KB ahead to L2 at every m (on the Zen 4 above with this path asked for,
+   benchmarks/int4_builds.py --isa avx2 against 4 KB to L1: the target's whole pass 31.5
+   against 34.5 ms at 1 row and 40.7 against 49.0 at 3, the draft's 11.3 against 13.4 at
+   1 row) */
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                                 int64_t groups, const int8_t *xq, const float *xs,
@@ -227,7 +241,7 @@ static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint
                 dot[r][0] = dot[r][1] = _mm256_setzero_si256();
             for (int t = 0; t < VS_GROUP / 8; t++) {
                 __m256i packed = _mm256_loadu_si256((const __m256i *)(wg + t * 64));
-                _mm_prefetch((const char *)(wg + t * 64 + VS_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wg + t * 64 + VS_PREFETCH_L2), _MM_HINT_T1);
                 __m256i lo = _mm256_and_si256(packed, mask);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
                 for (int r = 0; r < m; r++) {

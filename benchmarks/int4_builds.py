@@ -1,0 +1,122 @@
+"""Two versions of verispec's int4 kernel side by side: the whole pass of an int4 model.
+
+The baseline is ``csrc/int4_gemv.c`` as it was at a git revision (``--baseline REV``), the
+other the checkout's. Both are built as verispec builds the kernel and loaded in one
+process; the int4 model (the embedded 1.5B target, or with ``--model draft`` the 0.5B draft,
+loaded as ``--precision int4`` loads it) reads a 200-token context, and then, in
+``--rounds`` rounds, each build in turn times ``--passes`` passes of k tokens after it
+(rolled back each time) for every k of ``--tokens``. Before timing, both builds' logits are
+compared bit for bit on every k (a speed change must not change a result). ``--isa avx2``
+runs the kernel's AVX2 path (``VERISPEC_INT4_KERNEL=avx2``) where the CPU has AVX-512 VNNI.
+
+    python benchmarks/int4_builds.py --baseline REV [--model target] [--isa auto] [--out F]
+    python benchmarks/int4_builds.py --table F
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import results_io
+
+CONTEXT = 200
+BUILDS = ("baseline", "checkout")
+
+
+def _baseline_source(rev: str, folder: Path) -> Path:
+    """The kernel's source at ``rev``, written into ``folder``."""
+    from verispec.models.native import int4_kernel
+
+    rel = int4_kernel.SOURCE.relative_to(results_io.ROOT).as_posix()
+    text = subprocess.run(["git", "-C", str(results_io.ROOT), "show", f"{rev}:{rel}"],
+                          capture_output=True, text=True, check=True).stdout
+    path = folder / "int4_gemv.c"
+    path.write_text(text)
+    return path
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if args.isa == "avx2":
+        os.environ["VERISPEC_INT4_KERNEL"] = "avx2"  # read when the kernel is first loaded
+    import torch
+
+    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+    from verispec.models.loading import load_model
+    from verispec.models.native import int4_kernel
+
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as folder:
+        base = _baseline_source(args.baseline, Path(folder))
+        libraries = {"baseline": int4_kernel.load_library(base, "int4-gemv-baseline"),
+                     "checkout": int4_kernel.load_library(int4_kernel.SOURCE)}
+    for name, (lib, why) in libraries.items():
+        if lib is None:
+            raise SystemExit(f"the {name} build does not run here: {why}")
+    name = DEFAULT_TARGET if args.model == "target" else DEFAULT_DRAFT
+    model: Any = load_model(name, precision="int4", role=args.model)
+    g = torch.Generator().manual_seed(0)
+    model.reset()
+    model.add_rows([torch.randint(1000, 20000, (CONTEXT,), generator=g).tolist()])
+    tokens = {k: torch.randint(1000, 20000, (1, k), generator=g) for k in args.tokens}
+
+    def run(build: str, k: int) -> tuple[float, Any]:
+        with mock.patch.object(int4_kernel, "_load", lambda: libraries[build]):
+            model.net.replays.clear()  # replays hold the other build's function
+            start = time.perf_counter()
+            logits = model.extend(tokens[k])
+            took = time.perf_counter() - start
+            model.rollback([CONTEXT])
+        return took, logits
+
+    equal = {k: bool(torch.equal(run("baseline", k)[1], run("checkout", k)[1]))
+             for k in args.tokens}
+    if not all(equal.values()):
+        raise SystemExit(f"the builds' logits differ: {equal}")
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append({b: {str(k): [run(b, k)[0] for _ in range(args.passes)]
+                           for k in args.tokens} for b in BUILDS})
+    rec = results_io.record(__file__, args, results_io.torch_info())
+    rec.update({"int4_kernel": int4_kernel.status(), "context": CONTEXT,
+                "same_logits": equal, "rounds": rounds})
+    return rec
+
+
+def table(rec: dict[str, Any]) -> str:
+    """Per k: each build's median over rounds of its round medians, and the median and
+    range over rounds of checkout / baseline."""
+    a = rec["args"]
+    head = (f"int4 {a['model']} ({rec['int4_kernel']}), passes after {rec['context']} "
+            f"tokens; baseline: the kernel at {a['baseline']}; same logits on every k")
+    lines = [head,
+             "| k | baseline, ms | checkout, ms | checkout / baseline, median [min, max] |",
+             "|---|---|---|---|"]
+    for k in a["tokens"]:
+        per = {b: [statistics.median(r[b][str(k)]) for r in rec["rounds"]] for b in BUILDS}
+        ratios = [c / b for b, c in zip(per["baseline"], per["checkout"], strict=True)]
+        lines.append(f"| {k} | {statistics.median(per['baseline']) * 1e3:.1f} | "
+                     f"{statistics.median(per['checkout']) * 1e3:.1f} | "
+                     f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}] |")
+    return "\n".join(lines)
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline", required=True, help="git revision of the baseline kernel")
+    p.add_argument("--model", choices=("target", "draft"), default="target")
+    p.add_argument("--isa", choices=("auto", "avx2"), default="auto")
+    p.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")],
+                   default=list(range(1, 10)), help="tokens per pass, comma-separated")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--passes", type=int, default=7, help="passes timed per k, build and round")
+
+
+if __name__ == "__main__":
+    raise SystemExit(results_io.cli(__doc__.split("\n\n")[0], measure, table, options=options))
