@@ -5,9 +5,11 @@ other the checkout's. Both are built as verispec builds the kernel and loaded in
 process; the int4 model (the embedded 1.5B target, or with ``--model draft`` the 0.5B draft,
 loaded as ``--precision int4`` loads it) reads a 200-token context, and then, in
 ``--rounds`` rounds, each build in turn times ``--passes`` passes of k tokens after it
-(rolled back each time) for every k of ``--tokens``. Before timing, both builds' logits are
-compared bit for bit on every k (a speed change must not change a result). ``--isa avx2``
-runs the kernel's AVX2 path (``VERISPEC_INT4_KERNEL=avx2``) where the CPU has AVX-512 VNNI.
+(rolled back each time) for every k of ``--tokens``, each build's replayed passes
+(:mod:`verispec.models.native.replay`) bound once and kept as in decoding. Before timing,
+both builds' logits are compared bit for bit on every k (a speed change must not change a
+result). ``--isa avx2`` runs the kernel's AVX2 path (``VERISPEC_INT4_KERNEL=avx2``) where
+the CPU has AVX-512 VNNI.
 
     python benchmarks/int4_builds.py --baseline REV [--model target] [--isa auto] [--out F]
     python benchmarks/int4_builds.py --table F
@@ -67,9 +69,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model.add_rows([torch.randint(1000, 20000, (CONTEXT,), generator=g).tolist()])
     tokens = {k: torch.randint(1000, 20000, (1, k), generator=g) for k in args.tokens}
 
+    replays: dict[str, dict[Any, Any]] = {b: {} for b in BUILDS}  # bound to each build
+
     def run(build: str, k: int) -> tuple[float, Any]:
         with mock.patch.object(int4_kernel, "_load", lambda: libraries[build]):
-            model.net.replays.clear()  # replays hold the other build's function
+            model.net.replays = replays[build]
             start = time.perf_counter()
             logits = model.extend(tokens[k])
             took = time.perf_counter() - start

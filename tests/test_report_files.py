@@ -408,15 +408,27 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             "| 0 | 1 | block γ=auto | block γ=8 | 0.962× [0.784, 1.181] | 0.581× [0.462, 0.730] |",
             "| 0 | 4 | block γ=auto | ar | 0.907× [0.767, 1.072] | 1.093× [1.020, 1.172] |",
             "| 1 | 1 | block γ=auto | block γ=8 | 1.031× [0.938, 1.134] | 0.555× [0.452, 0.682] |"),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-l2-prefetch-e-results.jsonl": (
+            "target int4, draft int4", "no acceptance recorded, the generic prior",
+            best + "| 40 | 1.76× [1.62, 1.90] | 1.63× [1.53, 1.74] |",
+            "| block | auto | 3.58 | 2.58 | 37.79 | 46.77 | 21.4 | 407.7 | 1.30× [1.23, 1.37] "),
+        "main-bench-humaneval-epyc-zen4-int4-target-40-prompts-l2-prefetch-f-results.jsonl": (
+            "target int4, draft int4", "α₀ 0.924 at a block's first position",
+            best + "| 40 | 1.72× [1.59, 1.86] | 1.60× [1.50, 1.70] |",
+            best + "| 40 | 1.70× [1.57, 1.85] | 1.51× [1.43, 1.58] |",
+            "| block | auto | 3.18 | 2.18 | 36.79 | 45.44 | 22.0 | 408.2 | 1.23× [1.16, 1.31] "),
+        "draft-formats-subset-auto-epyc-zen4.json": (
+            "| 0 | int4-subset | 43.84 | 1.057 [0.968, 1.154] over 16 prompts | 3.20 |",
+            "| 1 | int4-subset | 36.55 | 1.023 [0.954, 1.097] over 16 prompts | 2.64 |"),
         "int4-builds-prefetch-target-epyc-zen4.json": (
-            "| 4 | 41.4 | 30.4 | 0.750 [0.600, 0.803] |",
-            "| 5 | 38.4 | 33.8 | 0.862 [0.807, 0.960] |"),
+            "| 4 | 38.1 | 30.8 | 0.814 [0.702, 0.841] |",
+            "| 5 | 35.9 | 31.7 | 0.890 [0.848, 0.899] |"),
         "int4-builds-prefetch-target-epyc-zen4-emulated-avx2.json": (
-            "| 1 | 34.5 | 31.5 | 0.916 [0.853, 0.949] |",),
+            "| 1 | 29.6 | 24.5 | 0.828 [0.814, 0.865] |",),
         "int4-builds-prefetch-draft-epyc-zen4.json": (
-            "| 1 | 11.9 | 11.6 | 0.961 [0.877, 1.092] |",),
+            "| 1 | 10.1 | 10.1 | 1.011 [0.992, 1.104] |",),
         "int4-builds-prefetch-draft-epyc-zen4-emulated-avx2.json": (
-            "| 1 | 13.4 | 11.3 | 0.850 [0.725, 0.884] |",),
+            "| 1 | 11.7 | 9.8 | 0.845 [0.806, 1.125] |",),
         "draft-step-bytes-replay-epyc-zen4.json": (
             "| 0 | 10.88 | 32.3 | 8.60 | 1.27 | 12.34 | 0.882 |",
             "| 4 | 10.33 | 33.4 | 8.32 | 1.24 | 12.01 | 0.860 |"),

@@ -167,9 +167,9 @@ static inline __m512i dpbusd(__m512i acc, __m512i u, __m512i x) {
  * Prefetching: one row's pass is bound by the memory's bandwidth and runs fastest with the
  * weights 4 KB ahead fetched to L1; from 2 rows on the products take about as long as the
  * reads, and fetching 8 KB ahead to L2 instead lets the two overlap (the same pass,
- * benchmarks/int4_builds.py against 4 KB to L1 at every m: 30.4 against 41.4 ms at 4 rows,
- * 33.8 against 38.4 at 5, 54.4 against 54.4 at 8; at 1 row L2 was 2-3% slower in earlier
- * alternations, so 1 row keeps L1). */
+ * benchmarks/int4_builds.py against 4 KB to L1 at every m: 30.8 against 38.1 ms at 4 rows,
+ * 31.7 against 35.9 at 5, 44.8 against 50.1 at 8; at 2 rows the two were within the
+ * noise of each other). One row gained nothing from L2, so it keeps L1. */
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c,fma"), always_inline))
 static inline void block_vnni_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                                 int64_t groups, const int8_t *xq, const float *xs,
@@ -220,8 +220,8 @@ static void block_vnni(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo
 /* m is a constant where this is inlined (see block_avx2), so the per-row accumulators
    live in registers. Each half reads 32 bytes of every 64-byte step; the weights are
    prefetched 8 KB ahead to L2 at every m (on the Zen 4 above with this path asked for,
-   benchmarks/int4_builds.py --isa avx2 against 4 KB to L1: the target's whole pass 31.5
-   against 34.5 ms at 1 row and 40.7 against 49.0 at 3, the draft's 11.3 against 13.4 at
+   benchmarks/int4_builds.py --isa avx2 against 4 KB to L1: the target's whole pass 24.5
+   against 29.6 ms at 1 row and 39.4 against 47.1 at 3, the draft's 9.8 against 11.7 at
    1 row) */
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
