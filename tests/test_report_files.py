@@ -417,6 +417,9 @@ def test_zen4_own_kernel_reports(tables: ModuleType) -> None:
             best + "| 40 | 1.72× [1.59, 1.86] | 1.60× [1.50, 1.70] |",
             best + "| 40 | 1.70× [1.57, 1.85] | 1.51× [1.43, 1.58] |",
             "| block | auto | 3.18 | 2.18 | 36.79 | 45.44 | 22.0 | 408.2 | 1.23× [1.16, 1.31] "),
+        "serve-gamma-auto-epyc-zen4-l2-prefetch.json": (
+            "| 0 | 1 | block γ=auto | block γ=8 | 0.983× [0.920, 1.050] | 0.548× [0.432, 0.696] |",
+            "| 1 | 2 | block γ=auto | block γ=8 | 1.157× [1.087, 1.231] | 0.742× [0.497, 1.109] |"),
         "draft-formats-subset-auto-epyc-zen4.json": (
             "| 0 | int4-subset | 43.84 | 1.057 [0.968, 1.154] over 16 prompts | 3.20 |",
             "| 1 | int4-subset | 36.55 | 1.023 [0.954, 1.097] over 16 prompts | 2.64 |"),
