@@ -1,17 +1,21 @@
-"""Two versions of verispec's int4 kernel side by side: the whole pass of an int4 model.
+"""Two versions of verispec's int4 kernel (or, with ``--kernel int8``, of its int8 matmul)
+side by side: the whole pass of a model that runs it.
 
-The baseline is ``csrc/int4_gemv.c`` as it was at a git revision (``--baseline REV``), the
-other the checkout's. Both are built as verispec builds the kernel and loaded in one
-process; the int4 model (the embedded 1.5B target, or with ``--model draft`` the 0.5B draft,
-loaded as ``--precision int4`` loads it) reads a 200-token context, and then, in
+The baseline is the kernel's source (``csrc/int4_gemv.c``, ``csrc/int8_gemm.c``) as it was at
+a git revision (``--baseline REV``), the other the checkout's. Both are built as verispec
+builds the kernel and loaded in one process; the model (the embedded 1.5B target, or with
+``--model draft`` the 0.5B draft, loaded as ``--precision int4`` or ``int8`` loads it; an
+int8 model runs the matmul on the pass sizes its library split gives it) reads a 200-token
+context, and then, in
 ``--rounds`` rounds, each build in turn times ``--passes`` passes of k tokens after it
 (rolled back each time) for every k of ``--tokens``, each build's replayed passes
 (:mod:`verispec.models.native.replay`) bound once and kept as in decoding. Before timing,
 both builds' logits are compared bit for bit on every k (a speed change must not change a
-result). ``--isa avx2`` runs the kernel's AVX2 path (``VERISPEC_INT4_KERNEL=avx2``) where
-the CPU has AVX-512 VNNI.
+result). ``--isa avx2`` runs the kernel's AVX2 path (``VERISPEC_INT4_KERNEL=avx2``,
+``VERISPEC_INT8_GEMM=avx2``) where the CPU has AVX-512 VNNI.
 
-    python benchmarks/int4_builds.py --baseline REV [--model target] [--isa auto] [--out F]
+    python benchmarks/int4_builds.py --baseline REV [--kernel int4] [--model target]
+        [--isa auto] [--out F]
     python benchmarks/int4_builds.py --table F
 """
 
@@ -31,39 +35,42 @@ import results_io
 
 CONTEXT = 200
 BUILDS = ("baseline", "checkout")
+#: --kernel -> (its module in verispec.models.native, the variable that asks for its AVX2 path)
+KERNELS = {"int4": ("int4_kernel", "VERISPEC_INT4_KERNEL"),
+           "int8": ("gemm_kernel", "VERISPEC_INT8_GEMM")}
 
 
-def _baseline_source(rev: str, folder: Path) -> Path:
-    """The kernel's source at ``rev``, written into ``folder``."""
-    from verispec.models.native import int4_kernel
-
-    rel = int4_kernel.SOURCE.relative_to(results_io.ROOT).as_posix()
+def _baseline_source(source: Path, rev: str, folder: Path) -> Path:
+    """The kernel's ``source`` as it was at ``rev``, written into ``folder``."""
+    rel = source.relative_to(results_io.ROOT).as_posix()
     text = subprocess.run(["git", "-C", str(results_io.ROOT), "show", f"{rev}:{rel}"],
                           capture_output=True, text=True, check=True).stdout
-    path = folder / "int4_gemv.c"
+    path = folder / source.name
     path.write_text(text)
     return path
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    module_name, env = KERNELS[args.kernel]
     if args.isa == "avx2":
-        os.environ["VERISPEC_INT4_KERNEL"] = "avx2"  # read when the kernel is first loaded
+        os.environ[env] = "avx2"  # read when the kernel is first loaded
+    import importlib
+
     import torch
 
     from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
     from verispec.models.loading import load_model
-    from verispec.models.native import int4_kernel
-
+    kernel = importlib.import_module(f"verispec.models.native.{module_name}")
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as folder:
-        base = _baseline_source(args.baseline, Path(folder))
-        libraries = {"baseline": int4_kernel.load_library(base, "int4-gemv-baseline"),
-                     "checkout": int4_kernel.load_library(int4_kernel.SOURCE)}
+        base = _baseline_source(kernel.SOURCE, args.baseline, Path(folder))
+        libraries = {"baseline": kernel.load_library(base, f"{args.kernel}-baseline"),
+                     "checkout": kernel.load_library(kernel.SOURCE)}
     for name, (lib, why) in libraries.items():
         if lib is None:
             raise SystemExit(f"the {name} build does not run here: {why}")
     name = DEFAULT_TARGET if args.model == "target" else DEFAULT_DRAFT
-    model: Any = load_model(name, precision="int4", role=args.model)
+    model: Any = load_model(name, precision=args.kernel, role=args.model)
     g = torch.Generator().manual_seed(0)
     model.reset()
     model.add_rows([torch.randint(1000, 20000, (CONTEXT,), generator=g).tolist()])
@@ -72,7 +79,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     replays: dict[str, dict[Any, Any]] = {b: {} for b in BUILDS}  # bound to each build
 
     def run(build: str, k: int) -> tuple[float, Any]:
-        with mock.patch.object(int4_kernel, "_load", lambda: libraries[build]):
+        with mock.patch.object(kernel, "_load", lambda: libraries[build]):
             model.net.replays = replays[build]
             start = time.perf_counter()
             logits = model.extend(tokens[k])
@@ -89,7 +96,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rounds.append({b: {str(k): [run(b, k)[0] for _ in range(args.passes)]
                            for k in args.tokens} for b in BUILDS})
     rec = results_io.record(__file__, args, results_io.torch_info())
-    rec.update({"int4_kernel": int4_kernel.status(), "context": CONTEXT,
+    rec.update({"kernel_status": kernel.status(), "context": CONTEXT,
                 "same_logits": equal, "rounds": rounds})
     return rec
 
@@ -98,7 +105,8 @@ def table(rec: dict[str, Any]) -> str:
     """Per k: each build's median over rounds of its round medians, and the median and
     range over rounds of checkout / baseline."""
     a = rec["args"]
-    head = (f"int4 {a['model']} ({rec['int4_kernel']}), passes after {rec['context']} "
+    status = rec.get("kernel_status", rec.get("int4_kernel"))  # the latter: older records
+    head = (f"{a.get('kernel', 'int4')} {a['model']} ({status}), passes after {rec['context']} "
             f"tokens; baseline: the kernel at {a['baseline']}; same logits on every k")
     lines = [head,
              "| k | baseline, ms | checkout, ms | checkout / baseline, median [min, max] |",
@@ -114,6 +122,7 @@ def table(rec: dict[str, Any]) -> str:
 
 def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", required=True, help="git revision of the baseline kernel")
+    p.add_argument("--kernel", choices=tuple(KERNELS), default="int4")
     p.add_argument("--model", choices=("target", "draft"), default="target")
     p.add_argument("--isa", choices=("auto", "avx2"), default="auto")
     p.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")],

@@ -248,6 +248,8 @@ KINDS: tuple[Kind, ...] = (
                  "time of reading its weights", "draft_step_bytes"),
     _script_kind("int4-builds-*.json", "two versions of the int4 kernel side by side",
                  "int4_builds"),
+    _script_kind("int8-builds-*.json", "two versions of the int8 matmul side by side",
+                 "int4_builds"),
     _script_kind("policy-time-*.json", "the time of γ auto's batch choice per iteration",
                  "policy_time"),
     _script_kind("retime-*.json", "a stale library split re-timed while running",

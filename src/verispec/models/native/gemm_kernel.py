@@ -36,8 +36,8 @@ from torch import Tensor
 
 from verispec.models.native import cbuild
 
-__all__ = ["GEMM_ENV", "ISAS", "PANEL", "STEP", "available", "identity", "isa", "matmul", "pack",
-           "status"]
+__all__ = ["GEMM_ENV", "ISAS", "PANEL", "STEP", "available", "identity", "isa", "load_library",
+           "matmul", "pack", "status"]
 
 SOURCE = Path(__file__).with_name("csrc") / "int8_gemm.c"
 PANEL = 32  # weight rows per panel (the C source's VS_PANEL)
@@ -57,7 +57,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     """(the library, which instruction set it runs), or (None, why it is not offered)."""
     if _requested() == "off":
         return None, f"not offered ({GEMM_ENV}=off)"
-    lib, why = cbuild.x86_library(SOURCE, "int8-gemm", FLAGS)
+    return load_library(SOURCE)
+
+
+def load_library(source: Path, stem: str = "int8-gemm") -> tuple[ctypes.CDLL | None, str]:
+    """:func:`_load`'s result for a build of ``source``, a version of ``csrc/int8_gemm.c``
+    (``benchmarks/int4_builds.py --kernel int8`` times two versions side by side)."""
+    lib, why = cbuild.x86_library(source, stem, FLAGS)
     if lib is None:
         return None, f"not offered ({why})"
     lib.vs_gemm_isa.restype = ctypes.c_int

@@ -37,6 +37,8 @@
 #define VS_PANEL (VS_BLOCKS * VS_LANES) /* weight rows per panel */
 #define VS_TSTRIDE (VS_BLOCKS * 64) /* bytes per step of a panel */
 #define VS_PREFETCH 4096 /* bytes ahead of each block's weights being read: fetched to L1 */
+#define VS_PREFETCH_L2 8192 /* bytes ahead: fetched to L2 (see panel_vnni_m) */
+#define VS_L2_ROWS 7 /* tiles of this many rows and more prefetch into L2 */
 /* most rows of x per tile with AVX-512: VS_BLOCKS x VS_TILE int32 sums in 18 of the 32
  * registers (a pass of 9 rows, one verification of 8 drafted tokens, is one tile; longer
  * passes run in tiles of equal rows) */
@@ -108,7 +110,10 @@ static inline void store_vnni(const __m512i *acc, const int MT, const int32_t *s
 
 /* a panel (w, columns n0..) against MT rows of d: the int32 sums of u d over every channel
  * per block, then the epilogue; MT is a constant where this is inlined, so the sums stay in
- * registers */
+ * registers. Tiles of VS_L2_ROWS rows and more do enough products per byte of weights that
+ * fetching them 8 KB ahead into L2 lets the products overlap the reads better than 4 KB
+ * ahead into L1, as in the int4 kernel; smaller tiles are bound by the reads and keep L1
+ * (the int8 target on an AMD EPYC Zen 4: benchmarks/int4_builds.py --kernel int8). */
 __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
 static inline void panel_vnni_m(const uint8_t *w, int64_t k4, const int8_t *d, int64_t kp,
                                 const int32_t *sums, const float *scale, int64_t n0, int64_t n,
@@ -119,8 +124,13 @@ static inline void panel_vnni_m(const uint8_t *w, int64_t k4, const int8_t *d, i
         const uint8_t *p = w + t * VS_TSTRIDE;
         const __m512i w0 = _mm512_loadu_si512((const void *)p);
         const __m512i w1 = _mm512_loadu_si512((const void *)(p + 64));
-        _mm_prefetch((const char *)(p + VS_PREFETCH), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + VS_PREFETCH + 64), _MM_HINT_T0);
+        if (MT < VS_L2_ROWS) { /* a constant: one of the two is compiled per MT */
+            _mm_prefetch((const char *)(p + VS_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + VS_PREFETCH + 64), _MM_HINT_T0);
+        } else {
+            _mm_prefetch((const char *)(p + VS_PREFETCH_L2), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + VS_PREFETCH_L2 + 64), _MM_HINT_T1);
+        }
         const int8_t *dt = d + t * VS_STEP;
         for (int r = 0; r < MT; r++) {
             const __m512i x = _mm512_set1_epi32(lane_of(dt + r * kp));
