@@ -22,6 +22,7 @@ result). ``--isa avx2`` runs the kernel's AVX2 path (``VERISPEC_INT4_KERNEL=avx2
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import subprocess
@@ -51,24 +52,25 @@ def _baseline_source(source: Path, rev: str, folder: Path) -> Path:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.baseline:
+        raise SystemExit("--baseline REV: the git revision of the kernel to time against")
     module_name, env = KERNELS[args.kernel]
     if args.isa == "avx2":
         os.environ[env] = "avx2"  # read when the kernel is first loaded
-    import importlib
-
     import torch
 
     from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
     from verispec.models.loading import load_model
+
     kernel = importlib.import_module(f"verispec.models.native.{module_name}")
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as folder:
         base = _baseline_source(kernel.SOURCE, args.baseline, Path(folder))
         libraries = {"baseline": kernel.load_library(base, f"{args.kernel}-baseline"),
                      "checkout": kernel.load_library(kernel.SOURCE)}
-    for name, (lib, why) in libraries.items():
+    for build, (lib, why) in libraries.items():
         if lib is None:
-            raise SystemExit(f"the {name} build does not run here: {why}")
+            raise SystemExit(f"the {build} build does not run here: {why}")
     name = DEFAULT_TARGET if args.model == "target" else DEFAULT_DRAFT
     model: Any = load_model(name, precision=args.kernel, role=args.model)
     g = torch.Generator().manual_seed(0)
@@ -121,7 +123,7 @@ def table(rec: dict[str, Any]) -> str:
 
 
 def options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--baseline", required=True, help="git revision of the baseline kernel")
+    p.add_argument("--baseline", help="git revision of the baseline kernel (needed to measure)")
     p.add_argument("--kernel", choices=tuple(KERNELS), default="int4")
     p.add_argument("--model", choices=("target", "draft"), default="target")
     p.add_argument("--isa", choices=("auto", "avx2"), default="auto")

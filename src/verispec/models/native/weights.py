@@ -234,7 +234,6 @@ def build_int4(c: NativeConfig, state: dict[str, Tensor]) -> Transformer:
 
 # -- int8 ----------------------------------------------------------------------------------------
 
-
 DOWN_BLOCK = 256  # block size of the online rotation of down_proj's input
 O_BLOCK = 64  # block size of the online rotation of o_proj's input
 #: layers whose activations are fed as two codes (:class:`Int8Linear`'s ``split``)
