@@ -108,8 +108,11 @@ def table(rec: dict[str, Any]) -> str:
     range over rounds of checkout / baseline."""
     a = rec["args"]
     status = rec.get("kernel_status", rec.get("int4_kernel"))  # the latter: older records
+    base = a["baseline"]
+    if base == "HEAD":  # named so on the command line: the checkout's own commit
+        base = f"HEAD ({rec['checkout']['commit'][:7]})"
     head = (f"{a.get('kernel', 'int4')} {a['model']} ({status}), passes after {rec['context']} "
-            f"tokens; baseline: the kernel at {a['baseline']}; same logits on every k")
+            f"tokens; baseline: the kernel at {base}; same logits on every k")
     lines = [head,
              "| k | baseline, ms | checkout, ms | checkout / baseline, median [min, max] |",
              "|---|---|---|---|"]

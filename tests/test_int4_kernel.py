@@ -93,7 +93,7 @@ def test_integer_products_are_exact_at_the_extremes(use_isa: int) -> None:
 
 
 @pytest.mark.parametrize("use_isa", RUNS)
-@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 8])
 def test_matches_its_reference_for_every_row_count(use_isa: int, rows: int) -> None:
     if not int4_kernel.available():
         pytest.skip(int4_kernel.status())
@@ -152,9 +152,9 @@ def test_a_row_gives_the_same_bits_in_any_pass(use_isa: int) -> None:
     alone = torch.cat([int4_kernel.matmul(x[i: i + 1], packed, bias, norm=norm,
                                           use_isa=use_isa) for i in range(19)])
     before = torch.get_num_threads()
-    # one block at a time (2 rows) and pairs of blocks (AVX-512 VNNI, from 4 rows); tiles
-    # of 8 and fewer, 5 + 4, 6 + 6 + 5, 7 + 6 + 6
-    for m in (2, 8, 9, 17, 19):
+    # with AVX-512 VNNI one tile up to 8 rows, then 5 + 4, 6 + 6 + 5, 7 + 6 + 6; with AVX2
+    # one tile up to 6 rows, then 4 + 3, 4 + 4, 5 + 4, 6 + 6 + 5, 5 + 5 + 5 + 4
+    for m in (2, 6, 7, 8, 9, 17, 19):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             try:

@@ -25,6 +25,7 @@
 
 #define VS_GROUP 64
 #define VS_TILE_ROWS 8 /* rows of x per tile; longer passes run in tiles of equal rows */
+#define VS_TILE_ROWS_AVX2 6 /* the same with AVX2 (see block_avx2_m) */
 #define VS_LANES 16 /* weight rows interleaved in one block, one per 32-bit lane */
 #define VS_PREFETCH 4096 /* bytes ahead of the weights being read: fetched to L1 */
 #define VS_PREFETCH_L2 8192 /* bytes ahead: fetched to L2 (see block_vnni_m) */
@@ -145,6 +146,10 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const float *nor
         VS_CASE(F, 1) VS_CASE(F, 2) VS_CASE(F, 3) VS_CASE(F, 4) VS_CASE(F, 5) VS_CASE(F, 6) \
         VS_CASE(F, 7) VS_CASE(F, 8)                                                        \
     }
+#define VS_FOR_ROWS_AVX2(F)                                                                \
+    switch (m) {                                                                           \
+        VS_CASE(F, 1) VS_CASE(F, 2) VS_CASE(F, 3) VS_CASE(F, 4) VS_CASE(F, 5) VS_CASE(F, 6) \
+    }
 
 /* acc + the products of u's and x's bytes summed by 4 (vpdpbusd): written out, because
  * GCC 12 copies every accumulator to another register and back around the intrinsic in
@@ -217,12 +222,26 @@ static void block_vnni(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo
     VS_FOR_ROWS(block_vnni_m)
 }
 
+/* acc + the products of u's and x's bytes summed by pairs (vpmaddubsw, then vpaddw): written
+ * out, as dpbusd above, because GCC 12 puts each sum into another register and moves it back
+ * in every step, and from 4 rows on spills sums to the stack */
+__attribute__((target("avx2"), always_inline))
+static inline __m256i maddubs_add(__m256i acc, __m256i u, __m256i x) {
+    __m256i t;
+    __asm__("vpmaddubsw %3, %2, %1\n\tvpaddw %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(u), "x"(x));
+    return acc;
+}
+
 /* m is a constant where this is inlined (see block_avx2), so the per-row accumulators
    live in registers. Each half reads 32 bytes of every 64-byte step; the weights are
    prefetched 8 KB ahead to L2 at every m (on the Zen 4 above with this path asked for,
    benchmarks/int4_builds.py --isa avx2 against 4 KB to L1: the target's whole pass 24.5
    against 29.6 ms at 1 row and 39.4 against 47.1 at 3, the draft's 9.8 against 11.7 at
-   1 row) */
+   1 row). With 16 vector registers a tile of m rows keeps 2 m int16 sums: at most
+   VS_TILE_ROWS_AVX2 = 6 rows per tile, and the sums of 2+ rows added in place (maddubs_add;
+   one row's code is left to GCC): the target's pass 37.9 against 47.1 ms at 4 rows, 51.7
+   against 73.6 at 6, 69.5 against 100.5 at 8 (two tiles of 4 against one of 8; the block's
+   weights are read again from the cache, not from memory) */
 __attribute__((target("avx2,fma,f16c"), always_inline))
 static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                                 int64_t groups, const int8_t *xq, const float *xs,
@@ -249,10 +268,14 @@ static inline void block_avx2_m(const uint8_t *w, const uint16_t *ws, const uint
                     int32_t a, b;
                     memcpy(&a, xg + 4 * t, 4);
                     memcpy(&b, xg + 4 * t + VS_GROUP / 2, 4);
-                    dot[r][0] = _mm256_add_epi16(
-                        dot[r][0], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));
-                    dot[r][1] = _mm256_add_epi16(
-                        dot[r][1], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b)));
+                    __m256i xa = _mm256_set1_epi32(a), xb = _mm256_set1_epi32(b);
+                    if (m == 1) { /* a constant; GCC schedules one row's sums well */
+                        dot[r][0] = _mm256_add_epi16(dot[r][0], _mm256_maddubs_epi16(lo, xa));
+                        dot[r][1] = _mm256_add_epi16(dot[r][1], _mm256_maddubs_epi16(hi, xb));
+                    } else {
+                        dot[r][0] = maddubs_add(dot[r][0], lo, xa);
+                        dot[r][1] = maddubs_add(dot[r][1], hi, xb);
+                    }
                 }
             }
             __m256 s = _mm256_cvtph_ps(
@@ -276,7 +299,7 @@ __attribute__((target("avx2,fma,f16c")))
 static void block_avx2(const uint8_t *w, const uint16_t *ws, const uint16_t *wlo,
                        int64_t groups, const int8_t *xq, const float *xs, const float *xsum,
                        int64_t m, int64_t k, float out[][VS_LANES]) {
-    VS_FOR_ROWS(block_avx2_m)
+    VS_FOR_ROWS_AVX2(block_avx2_m)
 }
 
 /* y [m, n] (+)= u W^T (+ bias), y contiguous, u = x [m, k], its RMSNorm with weights
@@ -299,7 +322,8 @@ int vs_int4_mm(const float *x, int64_t m, int64_t k, const float *norm, float ep
     float *xsum = xs + m * groups;
     quantize_rows(x, m, k, norm, eps, glu, xq, xs, xsum);
     int64_t blocks = n / VS_LANES;
-    int64_t tiles = (m + VS_TILE_ROWS - 1) / VS_TILE_ROWS, rows = (m + tiles - 1) / tiles;
+    int64_t most = isa == VS_ISA_AVX512_VNNI ? VS_TILE_ROWS : VS_TILE_ROWS_AVX2;
+    int64_t tiles = (m + most - 1) / most, rows = (m + tiles - 1) / tiles;
     int64_t bstride = VS_LANES * (k / 2);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b = 0; b < blocks; b++) {
