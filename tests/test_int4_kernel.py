@@ -139,11 +139,11 @@ def test_refuses_what_it_does_not_take() -> None:
 @pytest.mark.parametrize("use_isa", RUNS)
 def test_a_row_gives_the_same_bits_in_any_pass(use_isa: int) -> None:
     """A row's result is what it is alone, whatever the pass around it: one tile, several
-    tiles of equal rows, a lone block of 16 weight rows after pairs, several threads. This
+    tiles of equal rows, blocks of 16 weight rows shared unevenly by threads. This
     is what lets a target run int4 (a verification pass equals one token at a time)."""
     if not int4_kernel.available():
         pytest.skip(int4_kernel.status())
-    codes, scale, lo = _layer(80, 640, seed=3)  # 5 blocks: two pairs and a lone one
+    codes, scale, lo = _layer(80, 640, seed=3)  # 5 blocks of 16 weight rows: 3 + 2 on 2 threads
     packed = int4_kernel.pack(codes, scale, lo)
     g = torch.Generator().manual_seed(7)
     x = torch.randn((19, 640), generator=g)
