@@ -229,4 +229,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "| 0 | 1 | block γ=auto | block γ=8 | 1.000× [0.838, 1.193] | 0.544× [0.371, 0.799] |",
         "| 1 | 1 | block γ=auto | block γ=8 | 1.093× [0.983, 1.214] | 0.616× [0.446, 0.851] |",
         "| 1 | 4 | block γ=auto | ar | 0.937× [0.771, 1.139] | 1.000× [0.545, 1.835] |"),
+    "step-costs-epyc-zen4-emulated-avx2-sums-in-place.json": (
+        "emulated AVX2); int8 kernel fbgemm+onednn/7",
+        ("| qwen2.5-coder-1.5b-instruct | native int4 (verispec's int4 kernel (avx2, as "
+         "VERISPEC_INT4_KERNEL=avx2 asks)) | 33.6 | 40.9 | 48.1 | 90.3 | 2.69 |"),
+        "| qwen2.5-coder-1.5b-instruct | llama.cpp Q4_K_M | 37.5 | 58.2 | 92.8 | 213.0 | 5.68 |"),
 }
