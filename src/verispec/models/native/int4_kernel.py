@@ -13,11 +13,11 @@ the low and high nibbles' products run as two independent chains of ``vpdpbusd``
 512-bit ``vpdpbusd`` as two halves (the source names the measurement).
 
 Every row is rounded and summed alone, in the same order whatever the pass: passes longer
-than :data:`TILE_ROWS` rows run in tiles of equal rows, and a row's result is bit for bit
-what it is in a pass of its own. That is what lets a target run int4 (a verification pass
-scores its tokens as passes of one token would). The activations' rounding makes the
-outputs differ from torch's kernel by about 1% of their scale; torch's kernel rounds as the
-pass decides, so a target never runs it.
+than :data:`TILE_ROWS` rows (6 on the AVX2 path) run in tiles of equal rows, and a row's
+result is bit for bit what it is in a pass of its own. That is what lets a target run int4
+(a verification pass scores its tokens as passes of one token would). The activations'
+rounding makes the outputs differ from torch's kernel by about 1% of their scale; torch's
+kernel rounds as the pass decides, so a target never runs it.
 
 The C source is compiled once per machine (about a second) into verispec's cache directory
 and linked against the OpenMP runtime torch itself loads, so its threads are torch's. Where
