@@ -41,19 +41,26 @@ KERNELS = {"int4": ("int4_kernel", "VERISPEC_INT4_KERNEL"),
            "int8": ("gemm_kernel", "VERISPEC_INT8_GEMM")}
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(results_io.ROOT), *args], capture_output=True,
+                          text=True, check=True).stdout
+
+
 def _baseline_source(source: Path, rev: str, folder: Path) -> Path:
     """The kernel's ``source`` as it was at ``rev``, written into ``folder``."""
     rel = source.relative_to(results_io.ROOT).as_posix()
-    text = subprocess.run(["git", "-C", str(results_io.ROOT), "show", f"{rev}:{rel}"],
-                          capture_output=True, text=True, check=True).stdout
     path = folder / source.name
-    path.write_text(text)
+    path.write_text(_git("show", f"{rev}:{rel}"))
     return path
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not args.baseline:
         raise SystemExit("--baseline REV: the git revision of the kernel to time against")
+    try:
+        commit = _git("rev-parse", "--verify", f"{args.baseline}^{{commit}}").strip()
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"--baseline {args.baseline}: not a commit here ({err.stderr.strip()})")
     module_name, env = KERNELS[args.kernel]
     if args.isa == "avx2":
         os.environ[env] = "avx2"  # read when the kernel is first loaded
@@ -98,7 +105,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rounds.append({b: {str(k): [run(b, k)[0] for _ in range(args.passes)]
                            for k in args.tokens} for b in BUILDS})
     rec = results_io.record(__file__, args, results_io.torch_info())
-    rec.update({"kernel_status": kernel.status(), "context": CONTEXT,
+    rec.update({"kernel_status": kernel.status(), "context": CONTEXT, "baseline_commit": commit,
                 "same_logits": equal, "rounds": rounds})
     return rec
 
@@ -108,9 +115,11 @@ def table(rec: dict[str, Any]) -> str:
     range over rounds of checkout / baseline."""
     a = rec["args"]
     status = rec.get("kernel_status", rec.get("int4_kernel"))  # the latter: older records
-    base = a["baseline"]
-    if base == "HEAD":  # named so on the command line: the checkout's own commit
-        base = f"HEAD ({rec['checkout']['commit'][:7]})"
+    base, commit = a["baseline"], rec.get("baseline_commit")
+    if commit is None and base == "HEAD":  # older records: HEAD was the checkout's commit
+        commit = rec["checkout"]["commit"]
+    if commit and not commit.startswith(base):  # a name (HEAD, a branch): add its commit
+        base = f"{base} ({commit[:7]})"
     head = (f"{a.get('kernel', 'int4')} {a['model']} ({status}), passes after {rec['context']} "
             f"tokens; baseline: the kernel at {base}; same logits on every k")
     lines = [head,

@@ -141,15 +141,10 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const float *nor
  * so that F's per-row sums live in registers */
 #define VS_CASE(F, M) \
     case M: F(w, ws, wlo, groups, xq, xs, xsum, M, k, out); break;
-#define VS_FOR_ROWS(F)                                                                     \
-    switch (m) {                                                                           \
-        VS_CASE(F, 1) VS_CASE(F, 2) VS_CASE(F, 3) VS_CASE(F, 4) VS_CASE(F, 5) VS_CASE(F, 6) \
-        VS_CASE(F, 7) VS_CASE(F, 8)                                                        \
-    }
-#define VS_FOR_ROWS_AVX2(F)                                                                \
-    switch (m) {                                                                           \
-        VS_CASE(F, 1) VS_CASE(F, 2) VS_CASE(F, 3) VS_CASE(F, 4) VS_CASE(F, 5) VS_CASE(F, 6) \
-    }
+#define VS_CASES_6(F) \
+    VS_CASE(F, 1) VS_CASE(F, 2) VS_CASE(F, 3) VS_CASE(F, 4) VS_CASE(F, 5) VS_CASE(F, 6)
+#define VS_FOR_ROWS(F) switch (m) { VS_CASES_6(F) VS_CASE(F, 7) VS_CASE(F, 8) }
+#define VS_FOR_ROWS_AVX2(F) switch (m) { VS_CASES_6(F) } /* VS_TILE_ROWS_AVX2 */
 
 /* acc + the products of u's and x's bytes summed by 4 (vpdpbusd): written out, because
  * GCC 12 copies every accumulator to another register and back around the intrinsic in
