@@ -22,7 +22,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "VNNI, 7-bit without; weight-only int4 for the draft where a timing of "
                         "its layers finds it faster), bfloat16 on a "
                         "GPU or a CPU with native bf16, float32 otherwise (the choice is "
-                        "printed); int4 (weight-only) is for drafts only; "
+                        "printed); auto picks weight-only int4 for drafts only (a target in int4, "
+                        "on verispec's int4 kernel, must be asked for); "
                         "VERISPEC_INT8_KERNEL=library/bits overrides the int8 kernel")
     p.add_argument("--target-precision", choices=PRECISIONS, default=None,
                    help="override --precision for the target")

@@ -1,6 +1,6 @@
 """The native Qwen2/Llama-family runtime: a compact decoder over a preallocated KV cache,
-in float32, bfloat16 or (x86 CPU) int8 with per-token activation scales, and, for drafts,
-weight-only int4.
+in float32, bfloat16 or (x86 CPU) int8 with per-token activation scales or weight-only
+int4.
 
 * :func:`load_native` — from a Hugging Face directory (int8 and int4 weights are cached on
   disk);

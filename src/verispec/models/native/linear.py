@@ -1,5 +1,6 @@
 """The kinds of linear layer the native model runs: dense (float32 / bfloat16, any
-device), int8 (x86 CPU) and, for drafts, weight-only int4 (x86 CPU).
+device), int8 (x86 CPU) and weight-only int4 (x86 CPU; a target only on verispec's int4
+kernel).
 
 All offer the two shapes a decoder layer needs:
 

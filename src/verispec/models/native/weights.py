@@ -5,7 +5,8 @@ read one tensor at a time, or an in-memory transformers module. Fusions made her
 into one matrix, gate/up into one matrix.
 
 Int8: every linear layer, lm_head included, becomes int8 with per-output-channel scales.
-Int4 (drafts only): every linear layer becomes weight-only int4. In both the embedding is
+Int4 (a draft's format where it steps faster; a target's only when asked for): every
+linear layer becomes weight-only int4. In both the embedding is
 stored as float16 (only the looked-up rows are read). A quantized state is saved in
 verispec's cache directory, never in the model's (other tools load every ``*.safetensors``
 of a model directory): :func:`cache_file` names one file per model directory, precision,
