@@ -229,6 +229,21 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "| 0 | 1 | block γ=auto | block γ=8 | 1.000× [0.838, 1.193] | 0.544× [0.371, 0.799] |",
         "| 1 | 1 | block γ=auto | block γ=8 | 1.093× [0.983, 1.214] | 0.616× [0.446, 0.851] |",
         "| 1 | 4 | block γ=auto | ar | 0.937× [0.771, 1.139] | 1.000× [0.545, 1.835] |"),
+    "batch-gamma-b4-epyc-zen4-8edacd7.json": (
+        "block γ=auto: median 50.51 tok/s (rounds 55.65, 52.91, 50.51, 44.09, 35.96)",
+        "geometric mean 0.953 (rounds: 0.997, 1.054, 1.073, 0.900, 0.775)",
+        "γ auto 46.66 tok/s / ar 48.06 = 0.971"),
+    "batch-gamma-b4-t1-epyc-zen4-8edacd7.json": (
+        "ar: median 40.31 tok/s (rounds 40.04, 51.05, 53.04, 40.31, 39.27)",
+        "geometric mean 0.944 (rounds: 0.989, 0.905, 0.835, 1.025, 0.981)",
+        "γ auto 45.21 tok/s / block γ=2 44.67 = 1.012"),
+    "batch-gamma-b8-epyc-zen4-8edacd7.json": (
+        "block γ=auto: median 63.55 tok/s (rounds 59.89, 65.12, 63.55, 65.07, 61.93)",
+        "geometric mean 0.973 (rounds: 0.994, 0.966, 0.966, 0.983, 0.956)"),
+    "serve-gamma-auto-4-clients-epyc-zen4-8-repeats.json": (
+        "| 0 | 4 | block γ=auto | 8 | 0 | 43.62 | 1548.3 | 54.6 | 2.17 | 1.37 |",
+        "| 0 | 4 | block γ=auto | ar | 0.958× [0.885, 1.037] | 1.008× [0.840, 1.210] |",
+        "| 1 | 4 | block γ=auto | ar | 1.012× [0.950, 1.078] | 0.980× [0.858, 1.119] |"),
     "step-costs-epyc-zen4-emulated-avx2-sums-in-place.json": (
         "emulated AVX2); int8 kernel fbgemm+onednn/7",
         ("| qwen2.5-coder-1.5b-instruct | native int4 (verispec's int4 kernel (avx2, as "
