@@ -229,6 +229,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "| 0 | 1 | block γ=auto | block γ=8 | 1.000× [0.838, 1.193] | 0.544× [0.371, 0.799] |",
         "| 1 | 1 | block γ=auto | block γ=8 | 1.093× [0.983, 1.214] | 0.616× [0.446, 0.851] |",
         "| 1 | 4 | block γ=auto | ar | 0.937× [0.771, 1.139] | 1.000× [0.545, 1.835] |"),
+    "batch-gamma-b1-epyc-zen4-8edacd7.json": (
+        "geometric mean 0.961 (rounds: 0.880, 0.992, 1.022, 1.058, 0.869)",
+        "γ auto 29.76 tok/s / block γ=8 30.73 = 0.969",
+        "block γ=auto 33.42, block γ=4 35.42, block γ=8 32.21; γ auto / block γ=4 = 0.944"),
     "batch-gamma-b4-epyc-zen4-8edacd7.json": (
         "block γ=auto: median 50.51 tok/s (rounds 55.65, 52.91, 50.51, 44.09, 35.96)",
         "geometric mean 0.953 (rounds: 0.997, 1.054, 1.073, 0.900, 0.775)",
